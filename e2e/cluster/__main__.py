@@ -1,0 +1,208 @@
+"""``python -m e2e.cluster up|down``: local clusters for development and demos.
+
+``up`` starts a supervisor process in its own session and returns once every cluster is ready;
+the components are bound to that supervisor (they die with it). ``down`` stops the supervisor,
+which stops its components; any component still found is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..testbin import BuildError, build
+from .testbed import ClusterSpec, TestBed
+
+STATE_FILE = "testbed.json"
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?")
+
+
+def parse_specs(args: argparse.Namespace) -> list[ClusterSpec]:
+    names = [n.strip() for n in args.clusters.split(",") if n.strip()]
+    for name in names:
+        if not DNS_LABEL.fullmatch(name):
+            raise SystemExit(f"--clusters: {name!r} is not a DNS label (a-z, 0-9, '-')")
+    if not names or len(set(names)) != len(names):
+        raise SystemExit(f"--clusters: names must be distinct and non-empty: {args.clusters!r}")
+    labels: dict[str, dict[str, str]] = {n: {} for n in names}
+    for item in args.node_label:
+        scope, _, pair = item.rpartition(":")
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--node-label {item!r}: expected [CLUSTER:]KEY=VALUE")
+        for name in [scope] if scope else names:
+            if name not in labels:
+                raise SystemExit(f"--node-label {item!r}: no cluster named {name!r}")
+            labels[name][key] = value
+    allocatable = {"cpu": args.node_cpu, "memory": args.node_memory, "pods": args.node_pods}
+    return [
+        ClusterSpec(name=n, nodes=args.nodes, allocatable=dict(allocatable), node_labels=labels[n])
+        for n in names
+    ]
+
+
+def _write_state(directory: Path, **state) -> None:
+    tmp = directory / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.rename(directory / STATE_FILE)
+
+
+def _read_state(directory: Path) -> dict:
+    try:
+        return json.loads((directory / STATE_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _is_ours(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return b"e2e.cluster" in cmdline or b"testbin" in cmdline or b"/bin-" in cmdline
+
+
+def serve(args: argparse.Namespace) -> int:
+    directory = Path(args.dir).resolve()
+    stop = threading.Event()
+
+    def interrupt(*_):
+        raise SystemExit(128 + signal.SIGTERM)
+
+    # While starting, a stop request aborts the start (TestBed.up stops what it started).
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
+    bed = TestBed(parse_specs(args), directory, Path(args.bin_dir))
+    _write_state(directory, supervisor=os.getpid(), phase="starting")
+    try:
+        bed.up(timeout=args.timeout)
+    except Exception as e:
+        _write_state(directory, supervisor=os.getpid(), phase="failed", error=str(e))
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    pids = [p.pid for p in bed.processes()]
+    _write_state(directory, supervisor=os.getpid(), phase="ready", pids=pids)
+    while not stop.wait(1.0):
+        dead = [p.name for p in bed.processes() if not p.running]
+        if dead:
+            print(f"component(s) exited: {', '.join(dead)}", file=sys.stderr, flush=True)
+    bed.down()
+    _write_state(directory, phase="stopped")
+    return 0
+
+
+def _stop_supervisor(pid: int, timeout: float) -> None:
+    """SIGTERM, wait for it to stop its components, SIGKILL if it does not."""
+    if not _is_ours(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _is_ours(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _is_ours(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def down(directory: Path, timeout: float = 30.0) -> None:
+    state = _read_state(directory)
+    if state.get("supervisor"):
+        _stop_supervisor(state["supervisor"], timeout)
+    for pid in state.get("pids", []):
+        if _is_ours(pid):
+            os.kill(pid, signal.SIGKILL)
+    if state:
+        _write_state(directory, phase="stopped")
+
+
+def up(args: argparse.Namespace) -> int:
+    directory = Path(args.dir).resolve()
+    parse_specs(args)  # refuse bad options before starting anything
+    directory.mkdir(parents=True, exist_ok=True)
+    down(directory)
+    try:
+        bin_dir = build()
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    (directory / STATE_FILE).unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "e2e.cluster", "serve", "--bin-dir", str(bin_dir)]
+    argv += ["--dir", str(directory), "--clusters", args.clusters, "--nodes", str(args.nodes)]
+    argv += ["--node-cpu", args.node_cpu, "--node-memory", args.node_memory]
+    argv += ["--node-pods", args.node_pods, "--timeout", str(args.timeout)]
+    for label in args.node_label:
+        argv += ["--node-label", label]
+    started = time.monotonic()
+    with (directory / "supervisor.log").open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    try:
+        while True:
+            state = _read_state(directory)
+            if state.get("phase") == "ready":
+                break
+            if state.get("phase") == "failed" or proc.poll() is not None:
+                print(f"error: {state.get('error') or 'supervisor exited'}", file=sys.stderr)
+                print(f"supervisor log: {directory / 'supervisor.log'}", file=sys.stderr)
+                _stop_supervisor(proc.pid, 30.0)
+                down(directory)
+                return 1
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        _stop_supervisor(proc.pid, 30.0)
+        down(directory)
+        return 130
+    names = ", ".join(s.strip() for s in args.clusters.split(","))
+    print(f"clusters {names} ready in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    print(f"export KUBECONFIG={directory / 'kubeconfig'} PATH={bin_dir}:$PATH")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("up", "serve"):
+        p = sub.add_parser(name, help="start clusters and wait until ready" if name == "up" else "")
+        p.add_argument("--clusters", default="cluster1,cluster2", help="comma-separated names")
+        p.add_argument("--dir", required=True, help="folder for state, logs and kubeconfig")
+        p.add_argument("--nodes", type=int, default=3, help="fake nodes per cluster")
+        p.add_argument("--node-cpu", default="8")
+        p.add_argument("--node-memory", default="32Gi")
+        p.add_argument("--node-pods", default="110")
+        p.add_argument(
+            "--node-label",
+            action="append",
+            default=[],
+            metavar="[CLUSTER:]KEY=VALUE",
+            help="label the fake nodes (of one cluster, or all); repeatable",
+        )
+        p.add_argument("--timeout", type=float, default=180.0)
+        if name == "serve":
+            p.add_argument("--bin-dir", required=True)
+    p = sub.add_parser("down", help="stop everything started by up")
+    p.add_argument("--dir", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return up(args)
+    if args.command == "serve":
+        return serve(args)
+    down(Path(args.dir).resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,475 @@
+"""Several real Kubernetes clusters on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok per cluster, with kwok's fake nodes.
+
+Everything the product does crosses API servers (admission, bindings, watches, RBAC, finalizers,
+garbage collection), so it is proven on real control planes. Clusters come up in phases, all of
+them at once per phase (etcd, API server, then controllers and nodes), which keeps two clusters
+under a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .pki import CertificateAuthority, KeyPair, signing_key_pair
+from .process import Process
+from .rest import ApiError, RestClient
+
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+# Soft memory limits (GOMEMLIMIT) so three clusters fit easily on a small machine.
+MEMORY_LIMITS = {
+    "etcd": "256MiB",
+    "kube-apiserver": "768MiB",
+    "kube-controller-manager": "256MiB",
+    "kube-scheduler": "192MiB",
+    "kwok": "192MiB",
+}
+COMPONENTS = tuple(MEMORY_LIMITS)
+
+
+class TestBedError(RuntimeError):
+    """The test bed could not start; the message carries the failing component's log tail."""
+
+
+@dataclass
+class ClusterSpec:
+    """What one cluster looks like: its name and its fake nodes."""
+
+    name: str
+    nodes: int = 3
+    allocatable: dict[str, str] = field(
+        default_factory=lambda: {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    )
+    node_labels: dict[str, str] = field(default_factory=dict)
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1 right now, distinct from one another."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def kubeconfig(entries: list[dict]) -> dict:
+    """A kubeconfig with one context per entry (name, server, ca, cert, key as PEM bytes)."""
+    import base64
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "preferences": {},
+        "current-context": entries[0]["name"] if entries else "",
+        "clusters": [
+            {
+                "name": e["name"],
+                "cluster": {"server": e["server"], "certificate-authority-data": b64(e["ca"])},
+            }
+            for e in entries
+        ],
+        "users": [
+            {
+                "name": e["name"],
+                "user": {
+                    "client-certificate-data": b64(e["cert"]),
+                    "client-key-data": b64(e["key"]),
+                },
+            }
+            for e in entries
+        ],
+        "contexts": [
+            {"name": e["name"], "context": {"cluster": e["name"], "user": e["name"]}}
+            for e in entries
+        ],
+    }
+
+
+class Cluster:
+    """One control plane. Ports are fixed at creation so components restart on the same ones."""
+
+    def __init__(self, spec: ClusterSpec, directory: Path, bin_dir: Path) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.dir = directory
+        self.bin = bin_dir
+        ports = free_ports(6)
+        self.etcd_port, self.etcd_peer_port, self.apiserver_port = ports[:3]
+        self.controller_manager_port, self.scheduler_port, self.kwok_port = ports[3:]
+        self.server = f"https://127.0.0.1:{self.apiserver_port}"
+        self.processes: dict[str, Process] = {}
+        self.ca: CertificateAuthority | None = None
+        self.admin: KeyPair | None = None
+
+    # -- preparation ---------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Write certificates, keys and per-component kubeconfigs; define the processes."""
+        pki = self.dir / "pki"
+        pki.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        self.ca = ca = CertificateAuthority(f"{self.name}-ca")
+        ca.pair.write(pki, "ca")
+        ca.issue(
+            "kube-apiserver",
+            dns_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ip_addresses=("127.0.0.1", "10.96.0.1"),
+            server=True,
+        ).write(pki, "apiserver")
+        ca.issue(
+            "kube-apiserver-kubelet-client", organizations=("kubeadm:cluster-admins",), client=True
+        ).write(pki, "apiserver-kubelet-client")
+        signing_key_pair().write(pki, "sa")
+        self.admin = ca.issue("kubernetes-admin", organizations=("system:masters",), client=True)
+        identities = {
+            "admin": self.admin,
+            "kube-controller-manager": ca.issue("system:kube-controller-manager", client=True),
+            "kube-scheduler": ca.issue("system:kube-scheduler", client=True),
+            # kwok acts as the kubelet of every fake node: node status, leases, pod status.
+            "kwok": ca.issue("kwok", organizations=("system:masters",), client=True),
+        }
+        for who, pair in identities.items():
+            config = kubeconfig(
+                [
+                    {
+                        "name": self.name,
+                        "server": self.server,
+                        "ca": ca.cert_pem,
+                        "cert": pair.cert_pem,
+                        "key": pair.key_pem,
+                    }
+                ]
+            )
+            path = self.dir / f"{who}.kubeconfig"
+            path.write_text(json.dumps(config, indent=2))
+            path.chmod(0o600)
+        admin_cert, admin_key = self.admin.write(pki, "admin")
+        self.rest = RestClient(self.server, pki / "ca.crt", admin_cert, admin_key)
+        self._define_processes()
+
+    def _process(self, name: str, argv: list[str]) -> None:
+        self.processes[name] = Process(
+            f"{self.name}/{name}",
+            [str(self.bin / argv[0]), *argv[1:]],
+            self.dir / "logs" / f"{name}.log",
+            env={"GOMEMLIMIT": MEMORY_LIMITS[name]},
+        )
+
+    def _define_processes(self) -> None:
+        pki = self.dir / "pki"
+        etcd_url = f"http://127.0.0.1:{self.etcd_port}"
+        peer_url = f"http://127.0.0.1:{self.etcd_peer_port}"
+        self._process(
+            "etcd",
+            [
+                "etcd",
+                f"--name={self.name}",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster={self.name}={peer_url}",
+                # Test data only: skipping fsync makes writes fast on a shared disk.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self._process(
+            "kube-apiserver",
+            [
+                "kube-apiserver",
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.apiserver_port}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.crt'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                "--max-requests-inflight=1000",
+                "--max-mutating-requests-inflight=500",
+                # The `kubernetes` Service cannot point at a loopback address.
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+            ],
+        )
+        self._process(
+            "kube-controller-manager",
+            [
+                "kube-controller-manager",
+                f"--kubeconfig={self.dir / 'kube-controller-manager.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.controller_manager_port}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--use-service-account-credentials=true",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--profiling=false",
+            ],
+        )
+        self._process(
+            "kube-scheduler",
+            [
+                "kube-scheduler",
+                f"--kubeconfig={self.dir / 'kube-scheduler.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.scheduler_port}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+        )
+        stages = self.bin / "kwok-stages"
+        self._process(
+            "kwok",
+            [
+                "kwok",
+                f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+                "--node-lease-duration-seconds=40",
+                f"--cidr={POD_CIDR}",
+                "--node-ip=127.0.0.1",
+                f"--server-address=127.0.0.1:{self.kwok_port}",
+                "-v=WARN",
+                *(f"--config={p}" for p in sorted(stages.glob("*.yaml"))),
+            ],
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, component: str) -> None:
+        self.processes[component].start()
+
+    def stop(self, component: str, timeout: float = 10.0) -> None:
+        self.processes[component].stop(timeout)
+
+    def stop_all(self) -> None:
+        for name in reversed(COMPONENTS):
+            if name in self.processes:
+                self.processes[name].stop()
+
+    def check_alive(self, *components: str) -> None:
+        for name in components:
+            proc = self.processes[name]
+            if not proc.running:
+                raise TestBedError(
+                    f"{proc.name} exited with code {proc.exit_code()}; last lines of "
+                    f"{proc.log_path}:\n{proc.log_tail()}"
+                )
+
+    # -- probes --------------------------------------------------------------------------------
+
+    def etcd_healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.etcd_port}/health", timeout=2
+            ) as resp:
+                return json.loads(resp.read()).get("health") == "true"
+        except (OSError, ValueError):
+            return False
+
+    def apiserver_ready(self) -> bool:
+        try:
+            status, body = self.rest.request("GET", "/readyz", timeout=2)
+        except OSError:
+            return False
+        return status == 200 and body.strip() == b"ok"
+
+    def create_nodes(self) -> None:
+        capacity = dict(self.spec.allocatable)
+        for i in range(self.spec.nodes):
+            name = f"{self.name}-node-{i}"
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {FAKE_NODE_ANNOTATION: "fake"},
+                    "labels": {
+                        "kubernetes.io/arch": "amd64",
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/hostname": name,
+                        "type": "kwok",
+                        **self.spec.node_labels,
+                    },
+                },
+                "spec": {},
+                "status": {"allocatable": capacity, "capacity": capacity},
+            }
+            try:
+                self.rest.create("/api/v1/nodes", node)
+            except ApiError as e:
+                if e.status != 409:
+                    raise
+
+    def ready(self) -> bool:
+        """The default ServiceAccount exists and every fake node is Ready."""
+        status, _ = self.rest.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+        if status != 200:
+            return False
+        nodes = self.rest.get("/api/v1/nodes")["items"]
+        fake = [n for n in nodes if n["metadata"].get("annotations", {}).get(FAKE_NODE_ANNOTATION)]
+        if len(fake) < self.spec.nodes:
+            return False
+        for node in fake:
+            conditions = node.get("status", {}).get("conditions", [])
+            if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                return False
+        return True
+
+    def kubeconfig_entry(self) -> dict:
+        assert self.ca is not None
+        assert self.admin is not None
+        return {
+            "name": self.name,
+            "server": self.server,
+            "ca": self.ca.cert_pem,
+            "cert": self.admin.cert_pem,
+            "key": self.admin.key_pem,
+        }
+
+
+class TestBed:
+    """Several clusters started together; ``DIR/kubeconfig`` has one context per cluster."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, specs: list[ClusterSpec], directory: Path, bin_dir: Path) -> None:
+        names = [s.name for s in specs]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"cluster names must be distinct and non-empty: {names}")
+        missing = [c for c in ("etcd", *COMPONENTS[1:], "kubectl") if not (bin_dir / c).exists()]
+        if missing:
+            raise TestBedError(
+                f"{bin_dir} lacks {', '.join(missing)}: run `python -m e2e.testbin build`"
+            )
+        self.dir = directory
+        self.bin_dir = bin_dir
+        self.clusters = {s.name: Cluster(s, directory / s.name, bin_dir) for s in specs}
+        self.kubeconfig = directory / "kubeconfig"
+
+    def __getitem__(self, name: str) -> Cluster:
+        return self.clusters[name]
+
+    def up(self, timeout: float = 180.0) -> None:
+        """Start every cluster and return when all are ready; stop everything on failure."""
+        deadline = time.monotonic() + timeout
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for cluster in self.clusters.values():
+                if cluster.dir.exists():
+                    shutil.rmtree(cluster.dir)
+                cluster.prepare()
+            self._write_kubeconfig()
+            self._phase(["etcd"], lambda c: c.etcd_healthy(), deadline, "etcd healthy")
+            self._phase(
+                ["kube-apiserver"], lambda c: c.apiserver_ready(), deadline, "API server ready"
+            )
+            for cluster in self.clusters.values():
+                cluster.create_nodes()
+            self._phase(
+                ["kube-controller-manager", "kube-scheduler", "kwok"],
+                lambda c: c.ready(),
+                deadline,
+                "nodes Ready and default ServiceAccount created",
+            )
+        except BaseException:
+            self.down()
+            raise
+
+    def _phase(self, components: list[str], probe, deadline: float, what: str) -> None:
+        for cluster in self.clusters.values():
+            for name in components:
+                cluster.start(name)
+        pending = dict(self.clusters)
+        while pending:
+            for name, cluster in list(pending.items()):
+                cluster.check_alive(*components)
+                if probe(cluster):
+                    del pending[name]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                logs = "\n".join(
+                    f"--- {p.name} ({p.log_path})\n{p.log_tail(20)}"
+                    for c in pending.values()
+                    for p in (c.processes[n] for n in components)
+                )
+                raise TestBedError(f"timed out waiting for {what} in {sorted(pending)}\n{logs}")
+            time.sleep(0.2)
+
+    def _write_kubeconfig(self) -> None:
+        config = kubeconfig([c.kubeconfig_entry() for c in self.clusters.values()])
+        self.kubeconfig.write_text(json.dumps(config, indent=2))
+        self.kubeconfig.chmod(0o600)
+
+    def down(self) -> None:
+        for cluster in self.clusters.values():
+            cluster.stop_all()
+
+    def processes(self) -> list[Process]:
+        return [p for c in self.clusters.values() for p in c.processes.values()]
+
+    def log_tails(self, lines: int = 30) -> str:
+        return "\n".join(
+            f"--- {p.name} ({p.log_path})\n{p.log_tail(lines)}" for p in self.processes()
+        )
+
+    def kubectl_env(self) -> dict[str, str]:
+        return dict(os.environ) | {
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; raise TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except (OSError, urllib.error.URLError, ApiError):
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,57 @@
+"""Fixtures for scenarios on the real test bed: one session-wide set of clusters, reused.
+
+Set ``MCS_E2E_CLUSTERS`` (comma-separated names, default ``cluster1,cluster2``) to change them.
+Component logs of the run are kept under pytest's temporary folder; when an e2e test fails, the
+tail of each one is attached to its report.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import ClusterSpec, TestBed
+from e2e.kubectl import Kubectl
+from e2e.testbin import build
+
+_testbed: TestBed | None = None
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def bin_dir() -> Path:
+    return build()
+
+
+@pytest.fixture(scope="session")
+def testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> TestBed:
+    global _testbed
+    names = os.environ.get("MCS_E2E_CLUSTERS", "cluster1,cluster2").split(",")
+    directory = tmp_path_factory.mktemp("testbed")
+    bed = TestBed([ClusterSpec(name=n.strip()) for n in names], directory, bin_dir)
+    bed.up()
+    _testbed = bed
+    yield bed
+    _testbed = None
+    bed.down()
+
+
+@pytest.fixture(scope="session")
+def kubectl(testbed: TestBed) -> Kubectl:
+    return Kubectl(testbed.kubeconfig, testbed.bin_dir)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _testbed is not None and "e2e" in item.keywords:
+        report.sections.append(("test bed component logs", _testbed.log_tails()))

@@ -1,0 +1,199 @@
+"""Build the test bed's real components from their Go modules, cached outside the clone.
+
+There is no container runtime and no binary download here, only Go and the Go module proxy, so
+each tool is compiled from its module: a scratch module per tool requires the pinned version and
+builds its main packages. Results live under ``~/.cache/multicluster-scheduler/testbin`` keyed by
+tool, version and Go version, so a warm machine reuses them and a pin change rebuilds one tool.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PINS_FILE = Path(__file__).with_name("pins.toml")
+KWOK_STAGES_DIR = "kwok-stages"
+
+
+class BuildError(RuntimeError):
+    """A tool could not be built; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    module: str
+    version: str
+    packages: list[str]
+    binary: str | None = None
+    staging_version: str | None = None
+    stages: list[str] = field(default_factory=list)
+    stamp: dict[str, str] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        """Changes with anything that changes the build's output."""
+        spec = json.dumps(self.__dict__, sort_keys=True).encode()
+        return hashlib.sha256(spec).hexdigest()[:8]
+
+
+def load_pins(path: Path = PINS_FILE) -> list[Tool]:
+    with path.open("rb") as f:
+        pins = tomllib.load(f)
+    return [Tool(name=name, **spec) for name, spec in pins.items()]
+
+
+def cache_root() -> Path:
+    base = os.environ.get("MCS_TESTBIN_CACHE")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "multicluster-scheduler" / "testbin"
+
+
+def go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GOWORK="off", CGO_ENABLED="0", GOTOOLCHAIN="local", GOFLAGS="-mod=mod")
+    return env
+
+
+def go_version() -> str:
+    try:
+        out = subprocess.run(
+            ["go", "env", "GOVERSION"], env=go_env(), capture_output=True, text=True, check=True
+        )
+    except FileNotFoundError as e:
+        raise BuildError("go is not installed: the test bed is built from Go modules") from e
+    return out.stdout.strip()
+
+
+def tool_dir(tool: Tool, gover: str) -> Path:
+    return cache_root() / "tools" / f"{tool.name}-{tool.version}-{gover}-{tool.fingerprint()}"
+
+
+def bin_dir(tools: list[Tool] | None = None, gover: str | None = None) -> Path:
+    """The folder holding every pinned binary (and kwok's stage files) for this machine's Go."""
+    tools = tools if tools is not None else load_pins()
+    gover = gover or go_version()
+    key = hashlib.sha256(json.dumps([t.fingerprint() for t in tools] + [gover]).encode())
+    key = key.hexdigest()[:12]
+    return cache_root() / f"bin-{key}"
+
+
+def _run(cmd: list[str], cwd: Path, log) -> str:
+    log(f"$ {' '.join(cmd)}  (in {cwd})")
+    proc = subprocess.run(cmd, cwd=cwd, env=go_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)} failed in {cwd}:\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def _module_info(module: str, version: str, cwd: Path, log) -> dict:
+    out = _run(["go", "mod", "download", "-json", f"{module}@{version}"], cwd, log)
+    return json.loads(out)
+
+
+def staging_replaces(gomod_text: str, staging_version: str) -> list[str]:
+    """Replace lines for the staging modules k8s.io/kubernetes requires at v0.0.0.
+
+    Its go.mod points them at ./staging/src/..., which only works inside its own repository; as
+    a dependency we point each required one at its published version instead.
+    """
+    local = set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", gomod_text, re.M))
+    required = set(re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+v0\.0\.0\b", gomod_text, re.M))
+    return [f"\t{m} => {m} {staging_version}" for m in sorted(local & required)]
+
+
+def ldflags(tool: Tool) -> str:
+    """Strip debug info, and stamp the version where the tool reads it (``-X`` flags)."""
+    match = re.fullmatch(r"v(\d+)\.(\d+)\..*", tool.version)
+    if not match:
+        raise BuildError(f"{tool.name}: version {tool.version} is not vMAJOR.MINOR.PATCH")
+    parts = {"version": tool.version, "major": match[1], "minor": match[2]}
+    flags = ["-s", "-w"]
+    flags += [f"-X {var}={value.format(**parts)}" for var, value in tool.stamp.items()]
+    return " ".join(flags)
+
+
+def build_tool(tool: Tool, gover: str, log) -> Path:
+    """Build one tool into its cache folder unless it is already there; return its folder."""
+    out = tool_dir(tool, gover)
+    done = out / ".complete"
+    if done.exists():
+        return out
+    src = out / "src"
+    shutil.rmtree(out, ignore_errors=True)
+    src.mkdir(parents=True)
+    started = time.monotonic()
+    go_minor = re.match(r"go(\d+\.\d+)", gover)
+    lines = [f"module testbin/{tool.name}", "", f"go {go_minor.group(1) if go_minor else '1.22'}"]
+    info = _module_info(tool.module, tool.version, src, log)
+    if tool.staging_version:
+        replaces = staging_replaces(Path(info["GoMod"]).read_text(), tool.staging_version)
+        lines += ["", "replace (", *replaces, ")"]
+    (src / "go.mod").write_text("\n".join(lines) + "\n")
+    _run(["go", "get", f"{tool.module}@{tool.version}"], src, log)
+    binaries = out / "bin"
+    binaries.mkdir()
+    target = binaries / tool.binary if tool.binary else binaries
+    cmd = ["go", "build", "-trimpath", "-ldflags", ldflags(tool), "-o", f"{target}"]
+    if not tool.binary:
+        cmd[-1] += os.sep
+    _run(cmd + tool.packages, src, log)
+    for stage in tool.stages:
+        stage_src = Path(info["Dir"]) / stage
+        if not stage_src.exists():
+            raise BuildError(f"{tool.module}@{tool.version} has no stage file {stage}")
+        stage_out = out / KWOK_STAGES_DIR
+        stage_out.mkdir(exist_ok=True)
+        shutil.copyfile(stage_src, stage_out / stage_src.name)
+    shutil.rmtree(src, ignore_errors=True)
+    done.write_text(f"{time.monotonic() - started:.0f}\n")
+    log(f"built {tool.name} {tool.version} in {time.monotonic() - started:.0f}s")
+    return out
+
+
+def build(log=None) -> Path:
+    """Build every pinned tool (cached) and return the folder holding all binaries.
+
+    Safe to call from several processes at once: the first builds, the others wait for it.
+    """
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    tools = load_pins()
+    gover = go_version()
+    target = bin_dir(tools, gover)
+    if (target / ".complete").exists():
+        return target
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with (cache_root() / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / ".complete").exists():
+            _assemble(tools, gover, target, log)
+    return target
+
+
+def _assemble(tools: list[Tool], gover: str, target: Path, log) -> None:
+    staging = target.with_name(target.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for tool in tools:
+        built = build_tool(tool, gover, log)
+        for binary in (built / "bin").iterdir():
+            (staging / binary.name).symlink_to(binary)
+        if tool.stages:
+            (staging / KWOK_STAGES_DIR).symlink_to(built / KWOK_STAGES_DIR)
+    (staging / "versions.json").write_text(
+        json.dumps({t.name: t.version for t in tools} | {"go": gover}, indent=2) + "\n"
+    )
+    (staging / ".complete").touch()
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)

@@ -1,0 +1,79 @@
+"""The pieces of the test-bed build that need no Go: pins, replaces and version stamping."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from e2e.testbin import builder as testbin
+
+GOMOD = textwrap.dedent(
+    """\
+    module k8s.io/kubernetes
+
+    require (
+    \tgithub.com/spf13/cobra v1.10.0
+    \tk8s.io/api v0.0.0
+    \tk8s.io/client-go v0.0.0
+    \tk8s.io/kms v0.0.0
+    )
+
+    replace (
+    \tk8s.io/api => ./staging/src/k8s.io/api
+    \tk8s.io/client-go => ./staging/src/k8s.io/client-go
+    \tk8s.io/kms => ./staging/src/k8s.io/kms
+    \tk8s.io/sample-cli-plugin => ./staging/src/k8s.io/sample-cli-plugin
+    )
+    """
+)
+
+
+def test_staging_replaces_cover_required_staging_modules_only():
+    assert testbin.staging_replaces(GOMOD, "v0.36.3") == [
+        "\tk8s.io/api => k8s.io/api v0.36.3",
+        "\tk8s.io/client-go => k8s.io/client-go v0.36.3",
+        "\tk8s.io/kms => k8s.io/kms v0.36.3",
+    ]
+
+
+def test_pins_name_every_component_the_test_bed_runs():
+    tools = {t.name: t for t in testbin.load_pins()}
+    assert set(tools) == {"kubernetes", "etcd", "kwok", "helm"}
+    kubernetes = tools["kubernetes"]
+    assert kubernetes.version.startswith("v1.36.")
+    assert kubernetes.staging_version == "v0." + kubernetes.version[3:]
+    commands = {p.rsplit("/", 1)[1] for p in kubernetes.packages}
+    assert commands == {"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"}
+    assert tools["etcd"].version.startswith("v3.6.")
+    assert tools["kwok"].stages, "kwok v0.8 ships no default stages"
+
+
+def test_kubernetes_binaries_carry_their_version():
+    tool = next(t for t in testbin.load_pins() if t.name == "kubernetes")
+    flags = testbin.ldflags(tool).split(" -X ")
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        assert f"{pkg}.gitVersion={tool.version}" in flags
+        assert f"{pkg}.gitMajor=1" in flags
+        assert f"{pkg}.gitMinor=36" in flags
+    helm = next(t for t in testbin.load_pins() if t.name == "helm")
+    assert testbin.ldflags(helm).endswith(
+        f"-X helm.sh/helm/v3/internal/version.version={helm.version}"
+    )
+
+
+def test_a_version_that_is_not_semantic_is_refused():
+    tool = testbin.Tool(name="x", module="example.com/x", version="main", packages=[])
+    with pytest.raises(testbin.BuildError, match=r"vMAJOR\.MINOR\.PATCH"):
+        testbin.ldflags(tool)
+
+
+def test_bin_dir_changes_with_any_pin(monkeypatch, tmp_path):
+    monkeypatch.setenv("MCS_TESTBIN_CACHE", str(tmp_path))
+    tools = testbin.load_pins()
+    first = testbin.bin_dir(tools, "go1.26.0")
+    bumped = [testbin.Tool(**{**t.__dict__, "stamp": {}}) if t.name == "helm" else t for t in tools]
+    assert testbin.bin_dir(bumped, "go1.26.0") != first
+    assert testbin.bin_dir(tools, "go1.27.0") != first
+    assert testbin.bin_dir(tools, "go1.26.0") == first
+    assert first.parent == tmp_path
