@@ -8,6 +8,7 @@ tail of each one is attached to its report.
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,36 @@ def testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> TestBed:
 @pytest.fixture(scope="session")
 def kubectl(testbed: TestBed) -> Kubectl:
     return Kubectl(testbed.kubeconfig, testbed.bin_dir)
+
+
+@pytest.fixture
+def namespace(testbed: TestBed, kubectl: Kubectl):
+    """A fresh namespace of the same name in every cluster, deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    for context in testbed.clusters:
+        kubectl(context, "create", "namespace", name)
+    yield name
+    for context in testbed.clusters:
+        kubectl(context, "delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture
+async def connect(testbed: TestBed):
+    """``connect(name)``: a multicluster Cluster for a test-bed context, closed afterwards."""
+    from multicluster import Cluster
+
+    made: list[Cluster] = []
+
+    def make(context: str, name: str | None = None, **options) -> Cluster:
+        cluster = Cluster.from_kubeconfig(
+            name or context, str(testbed.kubeconfig), context, **options
+        )
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        await cluster.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -6,11 +6,8 @@ import base64
 import json
 import ssl
 import threading
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-
-import pytest
 
 from e2e.cluster import TestBed, wait_for
 from e2e.cluster.pki import CertificateAuthority
@@ -20,16 +17,6 @@ from e2e.kubectl import Kubectl
 def pods_running(kubectl: Kubectl, context: str, namespace: str, selector: str) -> int:
     pods = kubectl.json(context, "get", "pods", "-n", namespace, "-l", selector)["items"]
     return sum(1 for p in pods if p.get("status", {}).get("phase") == "Running")
-
-
-@pytest.fixture
-def namespace(testbed: TestBed, kubectl: Kubectl):
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    for context in testbed.clusters:
-        kubectl(context, "create", "namespace", name)
-    yield name
-    for context in testbed.clusters:
-        kubectl(context, "delete", "namespace", name, "--wait=false")
 
 
 def test_get_nodes_lists_ready_fake_nodes(testbed: TestBed, kubectl: Kubectl):

@@ -51,14 +51,31 @@ class CertificateAuthority:
     """A self-signed CA that issues serving and client certificates."""
 
     def __init__(self, common_name: str) -> None:
-        self._key = ec.generate_private_key(ec.SECP256R1())
+        key = ec.generate_private_key(ec.SECP256R1())
+        self._init(key, self._self_signed(key, common_name))
+
+    @classmethod
+    def load(cls, cert_path: Path, key_path: Path) -> CertificateAuthority:
+        """An existing CA, e.g. a test-bed cluster's, to issue more identities."""
+        ca = cls.__new__(cls)
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        ca._init(key, x509.load_pem_x509_certificate(cert_path.read_bytes()))
+        return ca
+
+    def _init(self, key, cert: x509.Certificate) -> None:
+        self._key = key
+        self._cert = cert
+        self.pair = KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+    @staticmethod
+    def _self_signed(key, common_name: str) -> x509.Certificate:
         now = dt.datetime.now(dt.UTC)
         name = _name(common_name)
-        self._cert = (
+        return (
             x509.CertificateBuilder()
             .subject_name(name)
             .issuer_name(name)
-            .public_key(self._key.public_key())
+            .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + VALIDITY)
@@ -78,12 +95,9 @@ class CertificateAuthority:
                 critical=True,
             )
             .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
             )
-            .sign(self._key, hashes.SHA256())
-        )
-        self.pair = KeyPair(
-            self._cert.public_bytes(serialization.Encoding.PEM), _key_pem(self._key)
+            .sign(key, hashes.SHA256())
         )
 
     @property

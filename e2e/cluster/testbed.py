@@ -286,6 +286,29 @@ class Cluster:
             if name in self.processes:
                 self.processes[name].stop()
 
+    def wait_apiserver_ready(self, timeout: float = 60.0) -> None:
+        """Block until /readyz answers ok (call from a thread when an event loop must run)."""
+        wait_for(self.apiserver_ready, timeout, what=f"{self.name} API server ready")
+
+    def etcd_revision(self) -> int:
+        body = json.dumps({"key": "Lw=="}).encode()  # base64 of "/"
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.etcd_port}/v3/kv/range", data=body, method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return int(json.loads(resp.read())["header"]["revision"])
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to now, so older resource versions are gone for good."""
+        revision = self.etcd_revision()
+        body = json.dumps({"revision": str(revision), "physical": True}).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.etcd_port}/v3/kv/compaction", data=body, method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            resp.read()
+        return revision
+
     def check_alive(self, *components: str) -> None:
         for name in components:
             proc = self.processes[name]

@@ -1,0 +1,1 @@
+"""Scenarios of the multicluster runtime against real API servers."""

@@ -1,0 +1,161 @@
+"""Informers against a real API server: sync, events, bookmarks, 410 relists, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+
+from e2e.cluster import TestBed
+from multicluster import Informer, index_by_label, metrics
+from multicluster.informer import ADDED, DELETED, MODIFIED
+from multicluster.resources import CONFIGMAPS
+
+
+def configmap(name: str, namespace: str, **labels: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "data": {"k": "v"},
+    }
+
+
+class Recorder:
+    """Collects (event, name) pairs and lets a test wait for one."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, bool]] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, event: str, obj: dict, old: dict | None, initial: bool) -> None:
+        self.events.append((event, obj["metadata"]["name"], initial))
+        self._changed.set()
+
+    def seen(self, event: str, name: str) -> bool:
+        return any(e == event and n == name for e, n, _ in self.events)
+
+    async def wait(self, event: str, name: str, timeout: float = 20.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not self.seen(event, name):
+                self._changed.clear()
+                await self._changed.wait()
+
+
+async def test_sync_events_indexes_and_transform(connect, namespace: str):
+    cluster = connect("cluster1")
+    client = cluster.client
+    await client.create(CONFIGMAPS, configmap("before", namespace, app="web"))
+
+    def slim(obj: dict) -> dict:
+        meta = obj["metadata"]
+        return {
+            "metadata": {
+                k: meta[k] for k in ("name", "namespace", "resourceVersion", "labels") if k in meta
+            }
+        }
+
+    informer = cluster.informer(CONFIGMAPS, namespace, transform=slim)
+    informer.add_indexer("app", index_by_label("app"))
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    cluster.start()
+    assert await informer.wait_synced(10)
+    assert ("ADDED", "before", True) in recorder.events
+    assert informer.get("before", namespace) == {
+        "metadata": {
+            "name": "before",
+            "namespace": namespace,
+            "resourceVersion": informer.get("before", namespace)["metadata"]["resourceVersion"],
+            "labels": {"app": "web"},
+        }
+    }
+
+    await client.create(CONFIGMAPS, configmap("after", namespace, app="web"))
+    await recorder.wait(ADDED, "after")
+    assert ("ADDED", "after", False) in recorder.events
+    assert {o["metadata"]["name"] for o in informer.by_index("app", "web")} == {"before", "after"}
+    await client.patch(CONFIGMAPS, "after", {"metadata": {"labels": {"app": "db"}}}, namespace)
+    await recorder.wait(MODIFIED, "after")
+    assert [o["metadata"]["name"] for o in informer.by_index("app", "db")] == ["after"]
+    await client.delete(CONFIGMAPS, "before", namespace)
+    await recorder.wait(DELETED, "before")
+    assert informer.get("before", namespace) is None
+
+    late = Recorder()
+    informer.add_handler(late)
+    assert {(e, n) for e, n, _ in late.events} == {(ADDED, "after"), (ADDED, "kube-root-ca.crt")}
+
+
+async def test_bookmarks_advance_an_idle_informer(connect, namespace: str):
+    """The API server sends a bookmark about once a minute: an informer whose namespace is
+    quiet still moves its resourceVersion forward, so a reconnect does not hit 410."""
+    cluster = connect("cluster1")
+    informer = cluster.informer(CONFIGMAPS, namespace)
+    cluster.start()
+    assert await informer.wait_synced(10)
+    seen = informer.resource_version
+    other = await cluster.client.create(CONFIGMAPS, configmap("elsewhere", "default"))
+    try:
+        async with asyncio.timeout(75):
+            while int(informer.resource_version) <= int(seen):
+                await asyncio.sleep(0.5)
+        assert int(informer.resource_version) >= int(other["metadata"]["resourceVersion"])
+        assert informer.list(namespace) == [informer.get("kube-root-ca.crt", namespace)]
+    finally:
+        await cluster.client.delete(CONFIGMAPS, "elsewhere", "default")
+
+
+async def test_relist_after_410_emits_deletes_for_what_vanished(
+    testbed: TestBed, connect, namespace: str
+):
+    bed_cluster = testbed["cluster2"]
+    cluster = connect("cluster2")
+    client = cluster.client
+    for name in ("keep", "doomed"):
+        await client.create(CONFIGMAPS, configmap(name, namespace))
+    informer = Informer(client, CONFIGMAPS, namespace, cluster="cluster2")
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    informer.start()
+    assert await informer.wait_synced(10)
+    await informer.stop()  # the informer is away while the world changes
+    stale_version = informer.resource_version
+
+    await client.delete(CONFIGMAPS, "doomed", namespace)
+    await client.create(CONFIGMAPS, configmap("newcomer", namespace))
+    # History before now is compacted, and a restarted API server's watch cache starts now:
+    # nothing can replay the deletion, the server must answer 410 Gone.
+    await asyncio.to_thread(bed_cluster.compact_etcd)
+    bed_cluster.stop("kube-apiserver")
+    bed_cluster.start("kube-apiserver")
+    await asyncio.to_thread(bed_cluster.wait_apiserver_ready)
+
+    gone = metrics.WATCH_RESTARTS.labels("cluster2", "configmaps", "gone")
+    gone_before = gone._value.get()
+    informer.start()
+    await recorder.wait(DELETED, "doomed", timeout=30)
+    assert gone._value.get() == gone_before + 1, "the server answered 410 and we relisted"
+    await recorder.wait(ADDED, "newcomer")
+    assert informer.get("doomed", namespace) is None
+    assert informer.get("keep", namespace) is not None
+    assert int(informer.resource_version) > int(stale_version)
+    await informer.stop()
+
+
+async def test_informer_reconnects_after_the_api_server_restarts(
+    testbed: TestBed, connect, namespace: str
+):
+    bed_cluster = testbed["cluster2"]
+    cluster = connect("cluster2")
+    informer = cluster.informer(CONFIGMAPS, namespace)
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    cluster.start()
+    assert await informer.wait_synced(10)
+
+    bed_cluster.stop("kube-apiserver")
+    await asyncio.sleep(1)
+    bed_cluster.start("kube-apiserver")
+    await asyncio.to_thread(bed_cluster.wait_apiserver_ready)
+    await cluster.client.create(CONFIGMAPS, configmap("after-restart", namespace))
+    await recorder.wait(ADDED, "after-restart", timeout=40)
+    assert informer.running

@@ -1,0 +1,69 @@
+"""multicluster: build Kubernetes controllers that watch and act on many clusters, in asyncio.
+
+A :class:`Cluster` is a named connection with shared informers; a :class:`Controller` maps
+events of any cluster to :class:`Request` s (cluster, namespace, name) that its reconciler
+handles; a :class:`Manager` starts caches, waits for them, elects a leader and runs controllers.
+"""
+
+from .client import Client
+from .cluster import Cluster
+from .config import ClusterConfig, ConfigError
+from .controller import Controller
+from .errors import (
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    NotFound,
+    Unauthorized,
+    Unreachable,
+)
+from .gc import ParentReferences, add_finalizer, delete_children, remove_finalizer
+from .handler import EnqueueMapped, EnqueueObject, EnqueueOwner, EnqueueParent, EventHandler
+from .informer import Informer, index_by_label, index_by_owner_uid, object_key
+from .leaderelection import LeaderElectionConfig, LeaderElector
+from .manager import LeadershipLost, Manager
+from .reconcile import Reconciler, Request, Result
+from .resources import Resource
+from .workqueue import WorkQueue
+
+__all__ = [
+    "AlreadyExists",
+    "ApiError",
+    "Client",
+    "Cluster",
+    "ClusterConfig",
+    "ConfigError",
+    "Conflict",
+    "Controller",
+    "EnqueueMapped",
+    "EnqueueObject",
+    "EnqueueOwner",
+    "EnqueueParent",
+    "EventHandler",
+    "Forbidden",
+    "Gone",
+    "Informer",
+    "Invalid",
+    "LeaderElectionConfig",
+    "LeaderElector",
+    "LeadershipLost",
+    "Manager",
+    "NotFound",
+    "ParentReferences",
+    "Reconciler",
+    "Request",
+    "Resource",
+    "Result",
+    "Unauthorized",
+    "Unreachable",
+    "WorkQueue",
+    "add_finalizer",
+    "delete_children",
+    "index_by_label",
+    "index_by_owner_uid",
+    "object_key",
+    "remove_finalizer",
+]

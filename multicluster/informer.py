@@ -1,0 +1,337 @@
+"""Informers: a local cache of one resource in one cluster, kept current by list and watch.
+
+The reflector lists (paginated), then watches from the list's resourceVersion with bookmarks.
+When the server says the version is too old (410 Gone) it lists again and emits deletes for the
+keys that vanished meanwhile, so handlers never miss a deletion. Errors back off with jitter;
+a watch that stays silent past ``idle_timeout`` is dropped and reopened (half-open connections
+are otherwise invisible). Objects may be slimmed by a ``transform`` before they are cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from . import metrics
+from .client import Client
+from .errors import ApiError, Gone, Unreachable
+from .resources import Resource
+
+log = logging.getLogger(__name__)
+
+ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+
+Handler = Callable[[str, dict, "dict | None", bool], Any]
+"""``handler(event_type, obj, old, initial)``; ``initial`` marks events of the first list."""
+IndexFunc = Callable[[dict], Iterable[str]]
+
+
+def object_key(obj: dict) -> str:
+    meta = obj["metadata"]
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else meta["name"]
+
+
+def index_by_namespace(obj: dict) -> Iterable[str]:
+    namespace = obj["metadata"].get("namespace")
+    return (namespace,) if namespace else ()
+
+
+def index_by_owner_uid(obj: dict) -> Iterable[str]:
+    return [ref["uid"] for ref in obj["metadata"].get("ownerReferences") or ()]
+
+
+def index_by_label(key: str) -> IndexFunc:
+    def index(obj: dict) -> Iterable[str]:
+        value = (obj["metadata"].get("labels") or {}).get(key)
+        return () if value is None else (value,)
+
+    return index
+
+
+class Store:
+    """Objects by key, plus indexes (index name → value → keys)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, dict] = {}
+        self._indexers: dict[str, IndexFunc] = {"namespace": index_by_namespace}
+        self._indexes: dict[str, dict[str, set[str]]] = {"namespace": {}}
+
+    def add_indexer(self, name: str, func: IndexFunc) -> None:
+        if name in self._indexers:
+            return
+        self._indexers[name] = func
+        index: dict[str, set[str]] = {}
+        for key, obj in self._items.items():
+            for value in func(obj):
+                index.setdefault(value, set()).add(key)
+        self._indexes[name] = index
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def get(self, key: str) -> dict | None:
+        return self._items.get(key)
+
+    def list_keys(self) -> list[str]:
+        return list(self._items)
+
+    def list(self, namespace: str | None = None) -> list[dict]:
+        if namespace is None:
+            return list(self._items.values())
+        return self.by_index("namespace", namespace)
+
+    def by_index(self, index: str, value: str) -> list[dict]:
+        keys = self._indexes[index].get(value, ())
+        return [self._items[k] for k in keys]
+
+    def put(self, key: str, obj: dict) -> dict | None:
+        old = self._items.get(key)
+        self._items[key] = obj
+        for name, func in self._indexers.items():
+            index = self._indexes[name]
+            old_values = set(func(old)) if old is not None else set()
+            new_values = set(func(obj))
+            if old_values == new_values:
+                continue
+            for value in old_values - new_values:
+                self._discard(index, value, key)
+            for value in new_values - old_values:
+                index.setdefault(value, set()).add(key)
+        return old
+
+    def delete(self, key: str) -> dict | None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            for name, func in self._indexers.items():
+                for value in func(old):
+                    self._discard(self._indexes[name], value, key)
+        return old
+
+    @staticmethod
+    def _discard(index: dict[str, set[str]], value: str, key: str) -> None:
+        keys = index.get(value)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del index[value]
+
+
+class Informer:
+    """Cache of one resource (in one namespace, or all) of one cluster, with event handlers."""
+
+    def __init__(
+        self,
+        client: Client,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        transform: Callable[[dict], dict] | None = None,
+        cluster: str = "",
+        idle_timeout: float = 150.0,
+        page_size: int = 500,
+        backoff_max: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.transform = transform
+        self.cluster = cluster or client.name
+        self.idle_timeout = idle_timeout
+        self.page_size = page_size
+        self.backoff_max = backoff_max
+        self.store = Store()
+        self.resource_version = ""
+        self.last_error: Exception | None = None
+        self._handlers: list[Handler] = []
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._labels = (self.cluster, str(resource))
+
+    def __repr__(self) -> str:
+        scope = f" in {self.namespace}" if self.namespace else ""
+        return f"<Informer {self.resource}{scope} of {self.cluster}>"
+
+    # -- public -------------------------------------------------------------------------------
+
+    def add_handler(self, handler: Handler) -> None:
+        """Register a handler; objects already cached are replayed to it as initial ADDED."""
+        self._handlers.append(handler)
+        if self.has_synced:
+            for obj in self.store.list():
+                self._call(handler, ADDED, obj, None, True)
+
+    def remove_handler(self, handler: Handler) -> None:
+        if handler in self._handlers:
+            self._handlers.remove(handler)
+
+    def add_indexer(self, name: str, func: IndexFunc) -> None:
+        self.store.add_indexer(name, func)
+
+    @property
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self, timeout: float | None = None) -> bool:
+        try:
+            await asyncio.wait_for(self._synced.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def get(self, name: str, namespace: str | None = None) -> dict | None:
+        return self.store.get(f"{namespace}/{name}" if namespace else name)
+
+    def list(self, namespace: str | None = None) -> list[dict]:
+        return self.store.list(namespace)
+
+    def by_index(self, index: str, value: str) -> list[dict]:
+        return self.store.by_index(index, value)
+
+    def start(self) -> asyncio.Task:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name=repr(self))
+        return self._task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # -- reflector ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        failures = 0
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._list()
+                    need_list = False
+                    failures = 0
+                delivered = await self._watch()
+                if delivered:
+                    failures = 0
+                metrics.WATCH_RESTARTS.labels(*self._labels, "expired").inc()
+            except Gone:
+                metrics.WATCH_RESTARTS.labels(*self._labels, "gone").inc()
+                log.info("watch expired, relisting cluster=%s resource=%s", *self._labels)
+                need_list = True
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.last_error = e
+                failures += 1
+                reason = "unreachable" if isinstance(e, Unreachable) else "error"
+                metrics.WATCH_RESTARTS.labels(*self._labels, reason).inc()
+                delay = min(self.backoff_max, 0.2 * 2 ** min(failures, 10))
+                delay *= random.uniform(0.5, 1.0)
+                level = logging.WARNING if failures > 1 or not isinstance(e, ApiError) else 20
+                log.log(
+                    level,
+                    "list/watch failed cluster=%s resource=%s retry_in=%.1fs error=%s",
+                    *self._labels,
+                    delay,
+                    e,
+                )
+                await asyncio.sleep(delay)
+
+    async def _list(self) -> None:
+        fresh: dict[str, dict] = {}
+        version = ""
+        async for page in self.client.list_pages(
+            self.resource,
+            self.namespace,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            limit=self.page_size,
+        ):
+            transform = self.transform
+            for item in page["items"] or ():
+                obj = transform(item) if transform else item
+                fresh[object_key(obj)] = obj
+            version = page["metadata"].get("resourceVersion", "")
+        initial = not self.has_synced
+        for key in self.store.list_keys():
+            if key not in fresh:
+                old = self.store.delete(key)
+                self._dispatch(DELETED, old, None, False)
+        for key, obj in fresh.items():
+            old = self.store.put(key, obj)
+            if old is None:
+                self._dispatch(ADDED, obj, None, initial)
+            elif _version(old) != _version(obj):
+                self._dispatch(MODIFIED, obj, old, initial)
+        self.resource_version = version
+        self.last_error = None
+        metrics.INFORMER_OBJECTS.labels(*self._labels).set(len(self.store))
+        if initial:
+            self._synced.set()
+
+    async def _watch(self) -> int:
+        delivered = 0
+        transform = self.transform
+        store = self.store
+        async for event in self.client.watch(
+            self.resource,
+            self.namespace,
+            resource_version=self.resource_version,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            timeout_seconds=random.randint(300, 600),
+            idle_timeout=self.idle_timeout,
+        ):
+            kind = event["type"]
+            raw = event["object"]
+            version = raw.get("metadata", {}).get("resourceVersion")
+            if kind == "BOOKMARK":
+                self.resource_version = version or self.resource_version
+                continue
+            delivered += 1
+            obj = transform(raw) if transform else raw
+            key = object_key(obj)
+            if kind == DELETED:
+                old = store.delete(key)
+                self._dispatch(DELETED, obj, old, False)
+            else:
+                old = store.put(key, obj)
+                if old is None:
+                    self._dispatch(ADDED, obj, None, False)
+                elif _version(old) != version:
+                    self._dispatch(MODIFIED, obj, old, False)
+            if version:
+                self.resource_version = version
+        metrics.INFORMER_OBJECTS.labels(*self._labels).set(len(store))
+        return delivered
+
+    def _dispatch(self, kind: str, obj: dict, old: dict | None, initial: bool) -> None:
+        metrics.INFORMER_EVENTS.labels(*self._labels, kind).inc()
+        for handler in self._handlers:
+            self._call(handler, kind, obj, old, initial)
+
+    def _call(self, handler: Handler, kind: str, obj: dict, old: dict | None, initial: bool):
+        try:
+            handler(kind, obj, old, initial)
+        except Exception:
+            log.exception(
+                "event handler failed cluster=%s resource=%s event=%s", *self._labels, kind
+            )
+
+
+def _version(obj: dict) -> str | None:
+    return obj.get("metadata", {}).get("resourceVersion")

@@ -1,0 +1,216 @@
+"""The Manager: starts cluster caches, waits for them, runs controllers, elects a leader.
+
+An unreachable cluster never holds the others back: each cluster's caches get ``sync_timeout``
+seconds, after which controllers start anyway and the laggard keeps retrying in the background
+(reported in logs, metrics and ``/readyz``). Clusters may be added and removed while running.
+With leader election, caches run on every replica (a successor is warm) and controllers that
+need it run only on the leader, stopping the moment the lease is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from . import metrics
+from .cluster import Cluster
+from .controller import Controller
+from .leaderelection import LeaderElectionConfig, LeaderElector
+
+log = logging.getLogger(__name__)
+
+
+class LeadershipLost(RuntimeError):
+    """The lease could not be renewed: the process should exit and start over."""
+
+
+class Manager:
+    def __init__(
+        self,
+        *,
+        leader_election: LeaderElectionConfig | None = None,
+        leader_election_cluster: Cluster | None = None,
+        sync_timeout: float = 30.0,
+        health_port: int | None = None,
+        health_host: str = "0.0.0.0",
+    ) -> None:
+        self.leader_election = leader_election
+        self._election_cluster = leader_election_cluster
+        self.sync_timeout = sync_timeout
+        self.health_port = health_port
+        self.health_host = health_host
+        self.clusters: dict[str, Cluster] = {}
+        self.controllers: list[Controller] = []
+        self._runnables: list[tuple[Callable[[], Awaitable[None]], bool]] = []
+        self._running = False
+        self._stop = asyncio.Event()
+        self._elector: LeaderElector | None = None
+        self._health_runner: web.AppRunner | None = None
+        self._background: set[asyncio.Task] = set()
+        self.health_address: tuple[str, int] | None = None
+
+    # -- registration -------------------------------------------------------------------------
+
+    def add_cluster(self, cluster: Cluster) -> Cluster:
+        """Register a cluster; when running, its informers start at once."""
+        if cluster.name in self.clusters:
+            raise ValueError(f"a cluster named {cluster.name!r} is already registered")
+        self.clusters[cluster.name] = cluster
+        if self._running:
+            cluster.start()
+            self._spawn(self._report_sync(cluster))
+        return cluster
+
+    async def remove_cluster(self, name: str) -> None:
+        """Stop watching a cluster: handlers detached, informers stopped, connection closed."""
+        cluster = self.clusters.pop(name, None)
+        if cluster is None:
+            return
+        for controller in self.controllers:
+            controller.unwatch(name)
+        await cluster.stop()
+        metrics.CLUSTER_SYNCED.remove(name) if _has_label(name) else None
+        log.info("removed cluster=%s", name)
+
+    def add_controller(self, controller: Controller) -> Controller:
+        self.controllers.append(controller)
+        return controller
+
+    def add_runnable(self, run: Callable[[], Awaitable[None]], *, needs_leader: bool) -> None:
+        """Any coroutine to run alongside controllers (e.g. a webhook server)."""
+        self._runnables.append((run, needs_leader))
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader_election is None or bool(self._elector and self._elector.is_leader)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        """Run until :meth:`stop` (or SIGTERM/SIGINT when ``handle_signals``)."""
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        self._running = True
+        tasks: list[asyncio.Task] = []  # the manager ends when one of these does
+        try:
+            if self.health_port is not None:
+                await self._start_health()
+            for cluster in self.clusters.values():
+                cluster.start()
+            await self._wait_for_caches()
+            for cluster in self.clusters.values():
+                if not cluster.has_synced:
+                    self._spawn(self._report_sync(cluster))
+            always = [c.run for c in self.controllers if not c.needs_leader_election]
+            always += [run for run, needs_leader in self._runnables if not needs_leader]
+            leader_only = [c.run for c in self.controllers if c.needs_leader_election]
+            leader_only += [run for run, needs_leader in self._runnables if needs_leader]
+            tasks += [loop.create_task(run()) for run in always]
+            if leader_only:
+                tasks.append(loop.create_task(self._lead(leader_only), name="leader-election"))
+            stop = loop.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stop and not task.cancelled() and task.exception():
+                    raise task.exception()
+        finally:
+            self._running = False
+            for task in (*tasks, *self._background):
+                task.cancel()
+            await asyncio.gather(*tasks, *self._background, return_exceptions=True)
+            await asyncio.gather(*(c.stop() for c in self.clusters.values()))
+            if self._health_runner is not None:
+                await self._health_runner.cleanup()
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            log.info("manager stopped")
+
+    async def _wait_for_caches(self) -> None:
+        async def wait(cluster: Cluster) -> None:
+            if await cluster.wait_synced(self.sync_timeout):
+                metrics.CLUSTER_SYNCED.labels(cluster.name).set(1)
+                log.info("caches synced cluster=%s", cluster.name)
+            else:
+                metrics.CLUSTER_SYNCED.labels(cluster.name).set(0)
+                log.warning(
+                    "caches not synced after %.0fs, starting without them cluster=%s error=%s",
+                    self.sync_timeout,
+                    cluster.name,
+                    cluster.last_error(),
+                )
+
+        await asyncio.gather(*(wait(c) for c in self.clusters.values()))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _report_sync(self, cluster: Cluster) -> None:
+        await cluster.wait_synced()
+        metrics.CLUSTER_SYNCED.labels(cluster.name).set(1)
+        log.info("caches synced cluster=%s", cluster.name)
+
+    async def _lead(self, runs: list[Callable[[], Awaitable[None]]]) -> None:
+        async def lead() -> None:
+            await asyncio.gather(*(run() for run in runs))
+
+        if self.leader_election is None:
+            await lead()
+            return
+        cluster = self._election_cluster or next(iter(self.clusters.values()), None)
+        if cluster is None:
+            raise ValueError("leader election needs a cluster to hold its Lease")
+        self._elector = LeaderElector(cluster.client, self.leader_election)
+        await self._elector.run(lead)
+        if not self._stop.is_set():
+            raise LeadershipLost(
+                f"lost lease {self.leader_election.namespace}/{self.leader_election.name}"
+            )
+
+    # -- health -------------------------------------------------------------------------------
+
+    async def _start_health(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        self._health_runner = web.AppRunner(app, access_log=None)
+        await self._health_runner.setup()
+        site = web.TCPSite(self._health_runner, self.health_host, self.health_port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or ()
+        with contextlib.suppress(IndexError):
+            self.health_address = sockets[0].getsockname()[:2]
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        lagging = sorted(n for n, c in self.clusters.items() if not c.has_synced)
+        if lagging:
+            return web.Response(status=503, text=f"caches not synced: {', '.join(lagging)}")
+        return web.Response(text="ok")
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+
+def _has_label(name: str) -> bool:
+    return any(
+        sample.labels.get("cluster") == name
+        for family in metrics.CLUSTER_SYNCED.collect()
+        for sample in family.samples
+    )

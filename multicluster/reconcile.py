@@ -1,0 +1,40 @@
+"""The whole contract of business logic: a Request in, a Result (or an exception) out.
+
+A Request names an object by cluster, namespace and name; the reconciler reads the current
+state (usually from informer caches) and moves the world towards the desired state. Retries,
+backoff and concurrency belong to the controller, never to the reconciler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+
+class Request(NamedTuple):
+    cluster: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.cluster}/{self.namespace}/{self.name}"
+            if self.namespace
+            else (f"{self.cluster}/{self.name}")
+        )
+
+
+@dataclass(frozen=True)
+class Result:
+    """``requeue``: try again with backoff; ``requeue_after``: try again after that many seconds."""
+
+    requeue: bool = False
+    requeue_after: float = 0.0
+
+
+class Reconciler(Protocol):
+    async def reconcile(self, request: Request) -> Result | None: ...
+
+
+ReconcileFunc = Callable[[Request], Awaitable["Result | None"]]

@@ -1,0 +1,141 @@
+"""A rate-limited work queue with client-go's guarantees, for asyncio.
+
+- An item waiting twice is queued once (duplicates collapse).
+- An item is never handed to two workers at once: re-added while being processed, it is queued
+  again only when the worker calls :meth:`WorkQueue.done`.
+- Failures back off per item (5 ms doubling up to 1000 s) and, overall, through a token bucket
+  (10 per second, bursts of 100), whichever is later.
+- Items of an initial sync may be added with ``low_priority``: fresh events go first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+from . import metrics
+from .ratelimit import TokenBucket
+
+T = TypeVar("T", bound=Hashable)
+
+
+class ShutDown(Exception):
+    """The queue was shut down and is empty."""
+
+
+class WorkQueue(Generic[T]):
+    def __init__(
+        self,
+        name: str = "queue",
+        *,
+        base_delay: float = 0.005,
+        max_delay: float = 1000.0,
+        qps: float = 10.0,
+        burst: int = 100,
+    ) -> None:
+        self.name = name
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self._bucket = TokenBucket(qps, burst)
+        self._queue: deque[T] = deque()
+        self._low: deque[T] = deque()
+        self._dirty: set[T] = set()
+        self._processing: set[T] = set()
+        self._failures: dict[T, int] = {}
+        self._waiting: dict[T, asyncio.TimerHandle] = {}
+        self._ready = asyncio.Event()
+        self._shutting_down = False
+        self._depth = metrics.QUEUE_DEPTH.labels(name)
+        self._adds = metrics.QUEUE_ADDS.labels(name)
+        self._retries = metrics.QUEUE_RETRIES.labels(name)
+
+    def __len__(self) -> int:
+        return len(self._queue) + len(self._low)
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    def add(self, item: T, *, low_priority: bool = False) -> None:
+        if self._shutting_down:
+            return
+        self._adds.inc()
+        if item in self._dirty:
+            return
+        self._dirty.add(item)
+        if item in self._processing:
+            return  # queued again by done()
+        (self._low if low_priority else self._queue).append(item)
+        self._depth.set(len(self))
+        self._ready.set()
+
+    def add_after(self, item: T, delay: float) -> None:
+        """Add ``item`` after ``delay`` seconds; an earlier pending add wins."""
+        if self._shutting_down:
+            return
+        if delay <= 0:
+            self.add(item)
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        pending = self._waiting.get(item)
+        if pending is not None:
+            if pending.when() <= when:
+                return
+            pending.cancel()
+        self._waiting[item] = loop.call_at(when, self._fire, item)
+
+    def _fire(self, item: T) -> None:
+        self._waiting.pop(item, None)
+        self.add(item)
+
+    def add_rate_limited(self, item: T) -> None:
+        failures = self._failures.get(item, 0)
+        self._failures[item] = failures + 1
+        self._retries.inc()
+        delay = min(self.max_delay, self.base_delay * 2**failures)
+        self.add_after(item, max(delay, self._bucket.reserve()))
+
+    def forget(self, item: T) -> None:
+        """Reset the item's failure count (after a success)."""
+        self._failures.pop(item, None)
+
+    def failures(self, item: T) -> int:
+        return self._failures.get(item, 0)
+
+    async def get(self) -> T:
+        """The next item; the caller must call :meth:`done` with it. Raises :class:`ShutDown`."""
+        while not self._queue and not self._low:
+            if self._shutting_down:
+                raise ShutDown(self.name)
+            self._ready.clear()
+            await self._ready.wait()
+        item = self._queue.popleft() if self._queue else self._low.popleft()
+        self._processing.add(item)
+        self._dirty.discard(item)
+        self._depth.set(len(self))
+        return item
+
+    def done(self, item: T) -> None:
+        self._processing.discard(item)
+        if item in self._dirty:
+            self._queue.append(item)
+            self._depth.set(len(self))
+            self._ready.set()
+
+    def shut_down(self) -> None:
+        """Stop accepting items; waiting getters raise :class:`ShutDown` once the queue drains."""
+        self._shutting_down = True
+        for handle in self._waiting.values():
+            handle.cancel()
+        self._waiting.clear()
+        self._ready.set()
+
+    def clear(self) -> None:
+        """Drop every queued item (e.g. on losing leadership)."""
+        self._queue.clear()
+        self._low.clear()
+        self._dirty.clear()
+        self._depth.set(0)
