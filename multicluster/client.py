@@ -18,7 +18,7 @@ import orjson
 
 from . import metrics
 from .config import ClusterConfig
-from .errors import Unreachable, error_for
+from .errors import NotFound, Unreachable, error_for
 from .ratelimit import TokenBucket
 from .resources import PODS, Resource
 
@@ -302,7 +302,9 @@ class Client:
         propagation_policy: str | None = None,
         grace_period_seconds: int | None = None,
         preconditions: dict | None = None,
+        missing_ok: bool = False,
     ) -> dict | None:
+        """Delete an object; with ``missing_ok``, one already gone is not an error."""
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if propagation_policy:
             options["propagationPolicy"] = propagation_policy
@@ -310,7 +312,12 @@ class Client:
             options["gracePeriodSeconds"] = grace_period_seconds
         if preconditions:
             options["preconditions"] = preconditions
-        return await self.request("DELETE", resource.path(namespace, name), body=options)
+        try:
+            return await self.request("DELETE", resource.path(namespace, name), body=options)
+        except NotFound:
+            if missing_ok:
+                return None
+            raise
 
     async def log(
         self, name: str, namespace: str, *, container: str | None = None, **params: Any

@@ -1,0 +1,1 @@
+"""Example multicluster controllers, each short enough to read in one sitting."""
