@@ -52,6 +52,12 @@ def index_by_label(key: str) -> IndexFunc:
     return index
 
 
+def strip_managed_fields(obj: dict) -> dict:
+    """A transform that drops ``metadata.managedFields`` (often a third of an object)."""
+    obj["metadata"].pop("managedFields", None)
+    return obj
+
+
 class Store:
     """Objects by key, plus indexes (index name → value → keys)."""
 
@@ -216,8 +222,10 @@ class Informer:
     # -- reflector ----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """List and watch until cancelled. A restarted informer resumes its watch where it
+        stopped (a 410 then makes it relist)."""
         failures = 0
-        need_list = True
+        need_list = not self.resource_version
         while True:
             try:
                 if need_list:

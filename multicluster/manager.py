@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from . import metrics
+from . import gctune, metrics
 from .cluster import Cluster
 from .controller import Controller
 from .leaderelection import LeaderElectionConfig, LeaderElector
@@ -38,12 +38,14 @@ class Manager:
         sync_timeout: float = 30.0,
         health_port: int | None = None,
         health_host: str = "0.0.0.0",
+        tune_gc: bool = True,
     ) -> None:
         self.leader_election = leader_election
         self._election_cluster = leader_election_cluster
         self.sync_timeout = sync_timeout
         self.health_port = health_port
         self.health_host = health_host
+        self.tune_gc = tune_gc
         self.clusters: dict[str, Cluster] = {}
         self.controllers: list[Controller] = []
         self._runnables: list[tuple[Callable[[], Awaitable[None]], bool]] = []
@@ -105,9 +107,13 @@ class Manager:
         try:
             if self.health_port is not None:
                 await self._start_health()
+            if self.tune_gc:
+                gctune.tune_for_caches()
             for cluster in self.clusters.values():
                 cluster.start()
             await self._wait_for_caches()
+            if self.tune_gc:
+                gctune.freeze_cached()
             for cluster in self.clusters.values():
                 if not cluster.has_synced:
                     self._spawn(self._report_sync(cluster))

@@ -1,0 +1,1 @@
+"""Benchmarks on the real test bed."""
