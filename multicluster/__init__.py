@@ -20,9 +20,21 @@ from .errors import (
     Unauthorized,
     Unreachable,
 )
-from .gc import ParentReferences, add_finalizer, delete_children, remove_finalizer
+from .gc import (
+    ParentReferences,
+    add_finalizer,
+    delete_children,
+    is_deleting,
+    remove_finalizer,
+)
 from .handler import EnqueueMapped, EnqueueObject, EnqueueOwner, EnqueueParent, EventHandler
-from .informer import Informer, index_by_label, index_by_owner_uid, object_key
+from .informer import (
+    Informer,
+    index_by_label,
+    index_by_owner_uid,
+    object_key,
+    strip_managed_fields,
+)
 from .leaderelection import LeaderElectionConfig, LeaderElector
 from .manager import LeadershipLost, Manager
 from .reconcile import Reconciler, Request, Result
@@ -64,6 +76,8 @@ __all__ = [
     "delete_children",
     "index_by_label",
     "index_by_owner_uid",
+    "is_deleting",
     "object_key",
     "remove_finalizer",
+    "strip_managed_fields",
 ]

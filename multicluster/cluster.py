@@ -54,6 +54,13 @@ class Cluster:
         return cls(name, ClusterConfig.from_kubeconfig_data(data, context), **options)
 
     @classmethod
+    def from_secret(
+        cls, name: str, secret: dict, key: str = "config", context: str | None = None, **options
+    ) -> Cluster:
+        """A kubeconfig held in a Secret object (``data[key]``, base64 as the API returns it)."""
+        return cls(name, ClusterConfig.from_secret(secret, key, context), **options)
+
+    @classmethod
     def in_cluster(cls, name: str, **options) -> Cluster:
         return cls(name, ClusterConfig.in_cluster(), **options)
 

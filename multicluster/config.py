@@ -9,6 +9,8 @@ SSL context, and a bearer token that is refreshed off the event loop.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -71,6 +73,25 @@ class ClusterConfig:
         except (ConfigException, OSError, KeyError, TypeError, AttributeError, ValueError) as e:
             raise ConfigError(f"kubeconfig context {context or '(current)'}: {e}") from e
         return cls._from_configuration(configuration)
+
+    @classmethod
+    def from_secret(
+        cls, secret: dict, key: str = "config", context: str | None = None
+    ) -> ClusterConfig:
+        """From a kubeconfig stored in a Secret (as read from the API: base64 ``data``)."""
+        meta = secret.get("metadata") or {}
+        where = f"secret {meta.get('namespace', '')}/{meta.get('name', '')}"
+        encoded = (secret.get("data") or {}).get(key)
+        if encoded is None:
+            raise ConfigError(f"{where} has no key {key!r}")
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ConfigError(f"{where} key {key!r} is not base64: {e}") from e
+        try:
+            return cls.from_kubeconfig_data(data, context)
+        except ConfigError as e:
+            raise ConfigError(f"{where} key {key!r}: {e}") from e
 
     @classmethod
     def in_cluster(cls) -> ClusterConfig:
