@@ -163,6 +163,10 @@ class Informer:
         self._synced = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._labels = (self.cluster, str(resource))
+        self._event_counters = {
+            kind: metrics.INFORMER_EVENTS.labels(*self._labels, kind)
+            for kind in (ADDED, MODIFIED, DELETED)
+        }
 
     def __repr__(self) -> str:
         scope = f" in {self.namespace}" if self.namespace else ""
@@ -328,7 +332,7 @@ class Informer:
         return delivered
 
     def _dispatch(self, kind: str, obj: dict, old: dict | None, initial: bool) -> None:
-        metrics.INFORMER_EVENTS.labels(*self._labels, kind).inc()
+        self._event_counters[kind].inc()
         for handler in self._handlers:
             self._call(handler, kind, obj, old, initial)
 

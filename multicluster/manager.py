@@ -76,7 +76,8 @@ class Manager:
         for controller in self.controllers:
             controller.unwatch(name)
         await cluster.stop()
-        metrics.CLUSTER_SYNCED.remove(name) if _has_label(name) else None
+        with contextlib.suppress(KeyError):
+            metrics.CLUSTER_SYNCED.remove(name)
         log.info("removed cluster=%s", name)
 
     def add_controller(self, controller: Controller) -> Controller:
@@ -212,11 +213,3 @@ class Manager:
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
-
-
-def _has_label(name: str) -> bool:
-    return any(
-        sample.labels.get("cluster") == name
-        for family in metrics.CLUSTER_SYNCED.collect()
-        for sample in family.samples
-    )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from e2e.cluster import TestBed
-from multicluster import Informer, index_by_label, metrics
+from e2e.netproxy import TcpProxy
+from multicluster import Cluster, ClusterConfig, Informer, index_by_label, metrics
 from multicluster.informer import ADDED, DELETED, MODIFIED
 from multicluster.resources import CONFIGMAPS
 
@@ -159,3 +160,29 @@ async def test_informer_reconnects_after_the_api_server_restarts(
     await cluster.client.create(CONFIGMAPS, configmap("after-restart", namespace))
     await recorder.wait(ADDED, "after-restart", timeout=40)
     assert informer.running
+
+
+async def test_a_silent_watch_is_reopened(testbed: TestBed, connect, namespace: str):
+    """A connection that goes quiet without closing (a half-open connection) would starve the
+    informer until the server's watch timeout, minutes later; the watchdog reopens it."""
+    proxy = TcpProxy(testbed["cluster1"].apiserver_port)
+    await proxy.start()
+    config = ClusterConfig.from_kubeconfig(str(testbed.kubeconfig), "cluster1")
+    config.server = f"https://127.0.0.1:{proxy.port}"
+    cluster = Cluster("cluster1", config, idle_timeout=3)
+    writer = connect("cluster1", "writer").client
+    try:
+        informer = cluster.informer(CONFIGMAPS, namespace)
+        recorder = Recorder()
+        informer.add_handler(recorder)
+        cluster.start()
+        assert await informer.wait_synced(10)
+        idle = metrics.WATCH_RESTARTS.labels("cluster1", "configmaps", "unreachable")
+        idle_before = idle._value.get()
+        assert proxy.stall_existing() >= 1
+        await writer.create(CONFIGMAPS, configmap("during-silence", namespace))
+        await recorder.wait(ADDED, "during-silence", timeout=15)
+        assert idle._value.get() > idle_before
+    finally:
+        await cluster.stop()
+        await proxy.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import socket
 import time
 from collections import Counter
 
@@ -14,6 +13,7 @@ import aiohttp
 import pytest
 
 from e2e.cluster import TestBed
+from e2e.netproxy import TcpProxy
 from multicluster import (
     Cluster,
     ClusterConfig,
@@ -50,43 +50,6 @@ async def running(manager: Manager):
     finally:
         manager.stop()
         await asyncio.wait_for(task, 20)
-
-
-class TcpProxy:
-    """A loopback TCP forwarder that can be switched on later: a cluster that appears."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> None:
-        async def pipe(reader, writer):
-            try:
-                while data := await reader.read(65536):
-                    writer.write(data)
-                    await writer.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                writer.close()
-
-        async def handle(reader, writer):
-            try:
-                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-            except OSError:
-                writer.close()
-                return
-            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-        self._server = await asyncio.start_server(handle, "127.0.0.1", self.port)
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
 
 
 async def test_failures_back_off_and_events_on_one_object_collapse(connect, namespace: str):
