@@ -1,0 +1,1 @@
+"""The vocabulary every component shares: CRD models, well-known keys and naming rules."""

@@ -1,0 +1,45 @@
+"""Well-known names, labels, annotations and finalizers: what users' manifests and scripts
+rely on (the original project's keys, unchanged)."""
+
+from __future__ import annotations
+
+GROUP = "multicluster.admiralty.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+PREFIX = f"{GROUP}/"
+
+# Opting in.
+ELECT = PREFIX + "elect"
+NAMESPACE_ENABLED_LABEL = "multicluster-scheduler"
+NAMESPACE_ENABLED_VALUE = "enabled"
+
+# Proxy pods.
+SOURCEPOD_MANIFEST = PREFIX + "sourcepod-manifest"
+PROXY_SCHEDULER_NAME = "admiralty-proxy"
+
+# Virtual nodes.
+PROVIDER_KEY = "virtual-kubelet.io/provider"
+PROVIDER = "admiralty"
+TARGET_NAMESPACE_LABEL = PREFIX + "target-namespace"
+TARGET_NAME_LABEL = PREFIX + "target-name"
+CLUSTER_TARGET_NAME_LABEL = PREFIX + "cluster-target-name"
+
+# Cross-cluster references and garbage collection.
+PARENT_UID = PREFIX + "parent-uid"
+PARENT_NAME = PREFIX + "parent-name"
+PARENT_NAMESPACE = PREFIX + "parent-namespace"
+PARENT_CLUSTER_NAME = PREFIX + "parent-cluster-name"
+FINALIZER = PREFIX + "multiclusterForegroundDeletion"
+HAS_FINALIZER = PREFIX + "has-finalizer"
+
+# Services.
+IS_DELEGATE = PREFIX + "is-delegate"
+CILIUM_GLOBAL_SERVICE = "io.cilium/global-service"
+GLOBAL = PREFIX + "global"
+ORIGINAL_SELECTOR = PREFIX + "original-selector"
+
+# RBAC that sources are bound to in targets (names the user guide uses).
+SOURCE_CLUSTER_ROLE = "multicluster-scheduler-source"
+CLUSTER_SUMMARY_VIEWER_CLUSTER_ROLE = "multicluster-scheduler-cluster-summary-viewer"
+
+CLUSTER_SUMMARY_NAME = "singleton"

@@ -1,0 +1,317 @@
+"""The custom resources of ``multicluster.admiralty.io/v1alpha1`` as pydantic models.
+
+The shapes are the original project's, so every manifest of its user guide applies unchanged;
+what we add (status conditions, ClusterSummary node groups) is optional. The CRDs in
+``crds/`` are generated from these models (``python -m multicluster_scheduler.api.crds``):
+docstrings and field descriptions become what ``kubectl explain`` shows.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from .keys import API_VERSION
+
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True,
+            "pattern": QUANTITY_PATTERN,
+        }
+    ),
+]
+ResourceList = dict[str, Quantity]
+Name = Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class Condition(Model):
+    """The state of one aspect of the object, as in every Kubernetes status."""
+
+    type: str = Field(description="Type of condition, e.g. Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str | None = Field(None, description="A machine-readable CamelCase reason.")
+    message: str | None = Field(None, description="A human-readable explanation.")
+    lastTransitionTime: str | None = Field(
+        None, description="When the status last changed.", json_schema_extra={"format": "date-time"}
+    )
+    observedGeneration: int | None = Field(
+        None, description="The .metadata.generation the condition was set for."
+    )
+
+
+Conditions = Annotated[
+    list[Condition],
+    Field(
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    ),
+]
+
+
+class Status(Model):
+    """Observed state, written by the agent."""
+
+    conditions: Conditions | None = Field(None, description="Ready and its reason.")
+
+
+class Resource(Model):
+    """Common envelope; subclasses set the kind, scope and CRD details."""
+
+    kind_name: ClassVar[str]
+    plural: ClassVar[str]
+    short_names: ClassVar[list[str]]
+    namespaced: ClassVar[bool]
+    printer_columns: ClassVar[list[dict[str, Any]]] = []
+    spec_rules: ClassVar[list[dict[str, str]]] = []
+    top_level: ClassVar[tuple[str, ...]] = ("spec", "status")
+
+    apiVersion: str = API_VERSION
+    kind: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+READY_COLUMNS = [
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+    },
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+    },
+]
+AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+
+
+# -- sources (in target clusters) -------------------------------------------------------------
+
+
+class SourceSpec(Model):
+    """Who, in this namespace, may place delegate pods: a service account or a user."""
+
+    serviceAccountName: str | None = Field(
+        None,
+        description="Service account (in the Source's namespace) that the source cluster uses; "
+        "created if missing.",
+    )
+    userName: str | None = Field(None, description="User name that the source cluster uses.")
+
+
+class Source(Resource):
+    """A source cluster allowed to schedule pods in this namespace."""
+
+    kind_name = "Source"
+    plural = "sources"
+    short_names = ["src"]
+    namespaced = True
+    printer_columns = [
+        {"name": "Service Account", "type": "string", "jsonPath": ".spec.serviceAccountName"},
+        {"name": "User", "type": "string", "jsonPath": ".spec.userName", "priority": 1},
+        *READY_COLUMNS,
+        AGE_COLUMN,
+    ]
+
+    kind: str = "Source"
+    spec: SourceSpec = Field(default_factory=SourceSpec)
+    status: Status | None = None
+
+
+class ServiceAccountReference(Model):
+    """A service account anywhere in the cluster."""
+
+    name: Name = Field(description="Name of the service account.")
+    namespace: Name = Field(description="Namespace of the service account.")
+
+
+class ClusterSourceSpec(Model):
+    """Who may place delegate pods in any namespace: a service account or a user."""
+
+    serviceAccount: ServiceAccountReference | None = Field(
+        None, description="Service account that the source cluster uses; created if missing."
+    )
+    userName: str | None = Field(None, description="User name that the source cluster uses.")
+
+
+class ClusterSource(Resource):
+    """A source cluster allowed to schedule pods in every namespace."""
+
+    kind_name = "ClusterSource"
+    plural = "clustersources"
+    short_names = ["csrc"]
+    namespaced = False
+    printer_columns = [
+        {"name": "Service Account", "type": "string", "jsonPath": ".spec.serviceAccount.name"},
+        {
+            "name": "SA Namespace",
+            "type": "string",
+            "jsonPath": ".spec.serviceAccount.namespace",
+        },
+        {"name": "User", "type": "string", "jsonPath": ".spec.userName", "priority": 1},
+        *READY_COLUMNS,
+        AGE_COLUMN,
+    ]
+
+    kind: str = "ClusterSource"
+    spec: ClusterSourceSpec = Field(default_factory=ClusterSourceSpec)
+    status: Status | None = None
+
+
+# -- targets (in source clusters) -------------------------------------------------------------
+
+SELF_XOR_SECRET = {
+    "rule": "(has(self.self) && self.self) != has(self.kubeconfigSecret)",
+    "message": "exactly one of spec.self (true) and spec.kubeconfigSecret must be set",
+}
+
+
+class KubeconfigSecretReference(Model):
+    """A Secret in the Target's namespace holding a kubeconfig of the target cluster."""
+
+    name: Name = Field(description="Name of the Secret.")
+    key: str = Field("config", min_length=1, description="Key of the kubeconfig in the Secret.")
+    context: str | None = Field(
+        None, description="Kubeconfig context to use (default: its current context)."
+    )
+
+
+class ClusterKubeconfigSecretReference(KubeconfigSecretReference):
+    """A Secret holding a kubeconfig of the target cluster."""
+
+    namespace: Name = Field(description="Namespace of the Secret.")
+
+
+class TargetSpec(Model):
+    """The cluster to schedule to: this one (self: true) or one reached by a kubeconfig."""
+
+    self_: bool | None = Field(
+        None, alias="self", description="Target the local cluster with the agent's own identity."
+    )
+    kubeconfigSecret: KubeconfigSecretReference | None = Field(
+        None, description="Kubeconfig Secret, in the Target's namespace, to reach the target."
+    )
+
+
+class Target(Resource):
+    """A cluster that pods of this namespace may be scheduled to."""
+
+    kind_name = "Target"
+    plural = "targets"
+    short_names = ["tg"]
+    namespaced = True
+    spec_rules = [SELF_XOR_SECRET]
+    printer_columns = [
+        {"name": "Self", "type": "boolean", "jsonPath": ".spec.self"},
+        {"name": "Secret", "type": "string", "jsonPath": ".spec.kubeconfigSecret.name"},
+        *READY_COLUMNS,
+        AGE_COLUMN,
+    ]
+
+    kind: str = "Target"
+    spec: TargetSpec
+    status: Status | None = None
+
+
+class ClusterTargetSpec(Model):
+    """The cluster to schedule to: this one (self: true) or one reached by a kubeconfig."""
+
+    self_: bool | None = Field(
+        None, alias="self", description="Target the local cluster with the agent's own identity."
+    )
+    kubeconfigSecret: ClusterKubeconfigSecretReference | None = Field(
+        None, description="Kubeconfig Secret to reach the target."
+    )
+
+
+class ClusterTarget(Resource):
+    """A cluster that pods of every namespace may be scheduled to."""
+
+    kind_name = "ClusterTarget"
+    plural = "clustertargets"
+    short_names = ["ctg"]
+    namespaced = False
+    spec_rules = [SELF_XOR_SECRET]
+    printer_columns = [
+        {"name": "Self", "type": "boolean", "jsonPath": ".spec.self"},
+        {
+            "name": "Secret",
+            "type": "string",
+            "jsonPath": ".spec.kubeconfigSecret.name",
+        },
+        {
+            "name": "Secret Namespace",
+            "type": "string",
+            "jsonPath": ".spec.kubeconfigSecret.namespace",
+            "priority": 1,
+        },
+        *READY_COLUMNS,
+        AGE_COLUMN,
+    ]
+
+    kind: str = "ClusterTarget"
+    spec: ClusterTargetSpec
+    status: Status | None = None
+
+
+# -- cluster summaries (in every cluster) -----------------------------------------------------
+
+
+class Taint(Model):
+    key: str
+    value: str | None = None
+    effect: str
+
+
+class NodeGroup(Model):
+    """Nodes that look alike to the scheduler: same labels (high-cardinality ones excluded) and
+    taints. Lets sources filter targets by node selector, affinity and tolerations."""
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels the nodes share.")
+    taints: list[Taint] = Field(default_factory=list, description="Taints the nodes share.")
+    count: int = Field(0, ge=0, description="Number of nodes.")
+    allocatable: ResourceList = Field(default_factory=dict, description="Sum over the nodes.")
+    requested: ResourceList = Field(
+        default_factory=dict, description="Sum of the requests of their non-terminal pods."
+    )
+    largestFree: ResourceList = Field(
+        default_factory=dict, description="Most of each resource free on a single node."
+    )
+
+
+class ClusterSummary(Resource):
+    """What a cluster offers: the totals of its nodes, and its node groups. The singleton is
+    named singleton."""
+
+    kind_name = "ClusterSummary"
+    plural = "clustersummaries"
+    short_names = ["mcsum"]
+    namespaced = False
+    top_level = ("capacity", "allocatable", "nodeGroups")
+    printer_columns = [
+        {"name": "CPU", "type": "string", "jsonPath": ".allocatable.cpu"},
+        {"name": "Memory", "type": "string", "jsonPath": ".allocatable.memory"},
+        {"name": "Pods", "type": "string", "jsonPath": ".allocatable.pods"},
+        AGE_COLUMN,
+    ]
+
+    kind: str = "ClusterSummary"
+    capacity: ResourceList = Field(default_factory=dict, description="Total capacity of nodes.")
+    allocatable: ResourceList = Field(
+        default_factory=dict, description="Total allocatable resources of nodes."
+    )
+    nodeGroups: list[NodeGroup] | None = Field(None, description="Nodes grouped by look-alike.")
+
+
+RESOURCES: list[type[Resource]] = [Source, ClusterSource, Target, ClusterTarget, ClusterSummary]
