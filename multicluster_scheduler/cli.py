@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__
+from . import __version__, agent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,7 +14,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Schedule Kubernetes pods across clusters.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    agent_parser = commands.add_parser(
+        "agent", help="run the agent (webhook, controllers) of one cluster"
+    )
+    agent.add_arguments(agent_parser)
     return parser
 
 
@@ -24,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "agent":
+        return agent.main(args)
     return 0
 
 

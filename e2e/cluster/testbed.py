@@ -282,6 +282,10 @@ class Cluster:
         self.processes[component].stop(timeout)
 
     def stop_all(self) -> None:
+        """Everything else first (agents), then the control plane in reverse start order."""
+        for name, process in self.processes.items():
+            if name not in COMPONENTS:
+                process.stop()
         for name in reversed(COMPONENTS):
             if name in self.processes:
                 self.processes[name].stop()

@@ -1,0 +1,36 @@
+{{- define "mcs.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "mcs.serviceAccountName" -}}
+{{- default (include "mcs.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "mcs.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "mcs.labels" -}}
+{{ include "mcs.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: multicluster-scheduler
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "mcs.webhookName" -}}
+{{ include "mcs.fullname" . }}
+{{- end -}}
+
+{{- define "mcs.caSecretName" -}}
+{{ include "mcs.fullname" . }}-webhook-ca
+{{- end -}}
+
+{{- define "mcs.certSecretName" -}}
+{{ include "mcs.fullname" . }}-webhook-cert
+{{- end -}}

@@ -1,0 +1,170 @@
+"""The product installed on the test bed as users install it, with agents run as local processes.
+
+``helm install`` puts the chart into every cluster (the webhook in URL mode, since the API
+server reaches the agent on 127.0.0.1, and no in-cluster replicas: fake nodes run no
+containers). Each agent then runs as a local process under the chart's ServiceAccount (a token
+requested for it), so RBAC is exactly the chart's; a keeper restarts any agent that dies, as its
+Deployment would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+from .process import Process
+from .testbed import TestBed, free_ports, kubeconfig, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "multicluster-scheduler"
+RELEASE = "multicluster-scheduler"
+NAMESPACE = "admiralty"
+
+
+class Installation:
+    def __init__(self, bed: TestBed, agents_per_cluster: int = 1) -> None:
+        self.bed = bed
+        self.agents_per_cluster = agents_per_cluster
+        self.agents: dict[str, list[Process]] = {}
+        self.webhook_ports: dict[str, int] = {}
+        self.health_ports: dict[str, list[int]] = {}
+        self._keeper: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def _env(self) -> dict[str, str]:
+        helm_home = self.bed.dir / "helm"
+        return self.bed.kubectl_env() | {
+            "HELM_CACHE_HOME": str(helm_home / "cache"),
+            "HELM_CONFIG_HOME": str(helm_home / "config"),
+            "HELM_DATA_HOME": str(helm_home / "data"),
+        }
+
+    def _run(self, *argv: str) -> str:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, env=self._env(), timeout=180, check=False
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout}{proc.stderr}")
+        return proc.stdout
+
+    def helm(self, context: str, *args: str) -> str:
+        return self._run(str(self.bed.bin_dir / "helm"), "--kube-context", context, *args)
+
+    def kubectl(self, context: str, *args: str) -> str:
+        return self._run(str(self.bed.bin_dir / "kubectl"), "--context", context, *args)
+
+    def install(self, *extra_values: str) -> None:
+        """helm install into every cluster, and agents' identities and processes defined."""
+        for name, cluster in self.bed.clusters.items():
+            ports = free_ports(1 + self.agents_per_cluster)
+            self.webhook_ports[name] = ports[0]
+            self.health_ports[name] = ports[1:]
+            values = [
+                f"webhook.url=https://127.0.0.1:{ports[0]}/mutate",
+                "agent.replicas=0",
+                *extra_values,
+            ]
+            self.helm(
+                name,
+                "install",
+                RELEASE,
+                str(CHART),
+                "--namespace",
+                NAMESPACE,
+                "--create-namespace",
+                "--wait",
+                *[arg for value in values for arg in ("--set", value)],
+            )
+            token = self.kubectl(
+                name, "create", "token", RELEASE, "-n", NAMESPACE, "--duration=48h"
+            ).strip()
+            config = kubeconfig(
+                [
+                    {
+                        "name": name,
+                        "server": cluster.server,
+                        "ca": cluster.ca.cert_pem,
+                        "cert": b"",
+                        "key": b"",
+                    }
+                ]
+            )
+            config["users"] = [{"name": name, "user": {"token": token}}]
+            path = cluster.dir / "agent.kubeconfig"
+            path.write_text(json.dumps(config))
+            path.chmod(0o600)
+            self.agents[name] = [
+                Process(
+                    f"{name}/agent-{i}",
+                    [
+                        sys.executable,
+                        "-m",
+                        "multicluster_scheduler.cli",
+                        "agent",
+                        f"--kubeconfig={path}",
+                        f"--namespace={NAMESPACE}",
+                        f"--name={RELEASE}",
+                        f"--identity={name}-agent-{i}",
+                        "--webhook-host=127.0.0.1",
+                        # Only the first agent's port is the webhook URL; others stand by.
+                        f"--webhook-port={ports[0] if i == 0 else free_ports(1)[0]}",
+                        "--webhook-cert-host=127.0.0.1",
+                        "--health-host=127.0.0.1",
+                        f"--health-port={ports[1 + i]}",
+                    ],
+                    cluster.dir / "logs" / f"agent-{i}.log",
+                    env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+                )
+                for i in range(self.agents_per_cluster)
+            ]
+            for i, agent in enumerate(self.agents[name]):
+                cluster.processes[f"agent-{i}"] = agent
+
+    def start_agents(self, timeout: float = 60.0) -> None:
+        """Start the agents (restarted whenever they die) and wait until they are ready."""
+        self._stop.clear()
+        self._keeper = threading.Thread(target=self._keep, name="agent-keeper", daemon=True)
+        self._keeper.start()
+        for name in self.bed.clusters:
+            for port in self.health_ports[name]:
+                wait_for(
+                    lambda p=port: _ready(p), timeout, what=f"agent of {name} ready on :{port}"
+                )
+
+    def _keep(self) -> None:
+        # Agents are started from this thread, which lives until stop_agents(): their
+        # parent-death signal is bound to it.
+        while not self._stop.is_set():
+            with self._lock:
+                for agents in self.agents.values():
+                    for agent in agents:
+                        if not agent.running:
+                            agent.start()
+            self._stop.wait(0.5)
+        for agents in self.agents.values():
+            for agent in agents:
+                agent.stop()
+
+    def stop_agents(self) -> None:
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(30)
+            self._keeper = None
+
+    def uninstall(self) -> None:
+        self.stop_agents()
+        for name in self.bed.clusters:
+            self.helm(name, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False

@@ -1,0 +1,207 @@
+"""The chart installed with helm into two clusters, agents running under its identity: the
+webhook is called over TLS with the caBundle the agents wrote, RBAC is complete and minimal,
+and uninstalling leaves nothing of ours behind."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import urllib.request
+
+import pytest
+import yaml
+
+from e2e.cluster import TestBed, wait_for
+from e2e.cluster.install import CHART, NAMESPACE, RELEASE, Installation
+from e2e.kubectl import Kubectl
+
+CONTEXTS = ("cluster1", "cluster2")
+
+
+def helm(bin_dir, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(bin_dir / "helm"), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def render(bin_dir, *values: str) -> list[dict]:
+    argv = ["template", RELEASE, str(CHART), "-n", NAMESPACE, "--kube-version", "1.36.0"]
+    proc = helm(bin_dir, *argv, *[a for v in values for a in ("--set", v)])
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def test_chart_lints(bin_dir):
+    proc = helm(bin_dir, "lint", str(CHART), "--kube-version", "1.36.0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "values", [(), ("webhook.certManager.enabled=true",), ("webhook.url=https://127.0.0.1:9/m",)]
+)
+def test_templates(bin_dir, values):
+    docs = render(bin_dir, *values)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("ClusterRole", "multicluster-scheduler-source") in kinds
+    assert ("ClusterRole", "multicluster-scheduler-cluster-summary-viewer") in kinds
+    for doc in docs:
+        for rule in doc.get("rules") or ():
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(field, []), (doc["metadata"]["name"], rule)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = pod["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"livenessProbe", "readinessProbe", "resources"} <= set(container)
+    webhook = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")["webhooks"][0]
+    assert (webhook["failurePolicy"], webhook["sideEffects"]) == ("Fail", "None")
+    assert webhook["reinvocationPolicy"] == "IfNeeded"
+    assert webhook["rules"][0]["operations"] == ["CREATE"]
+    selector = webhook["namespaceSelector"]["matchExpressions"]
+    assert {"key": "multicluster-scheduler", "operator": "In", "values": ["enabled"]} in selector
+    assert {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "NotIn",
+        "values": [NAMESPACE, "kube-system"],
+    } in selector
+    client = webhook["clientConfig"]
+    if "webhook.url=https://127.0.0.1:9/m" in values:
+        assert client == {"url": "https://127.0.0.1:9/m"}
+    else:
+        assert client["service"]["path"] == "/mutate"
+    cert_manager = any(d["kind"] == "Certificate" for d in docs)
+    assert cert_manager == ("webhook.certManager.enabled=true" in values)
+    assert any(d["kind"] == "PodDisruptionBudget" for d in docs)
+
+
+@pytest.fixture(scope="module")
+def installation(testbed: TestBed):
+    install = Installation(testbed)
+    install.install()
+    install.start_agents()
+    yield install
+    install.stop_agents()
+
+
+def metrics_of(install: Installation, context: str) -> str:
+    port = install.health_ports[context][0]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_installed_with_crds_established(installation: Installation, kubectl: Kubectl):
+    for context in CONTEXTS:
+        kubectl(
+            context,
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/targets.multicluster.admiralty.io",
+            "crd/clustersummaries.multicluster.admiralty.io",
+        )
+        status = kubectl.json(context, "get", "secret", f"{RELEASE}-webhook-ca", "-n", NAMESPACE)
+        assert set(status["data"]) == {"ca.crt", "ca.key"}
+
+
+def test_api_server_calls_the_webhook_with_the_ca_bundle_the_agent_wrote(
+    installation: Installation, kubectl: Kubectl, namespace: str
+):
+    for context in CONTEXTS:
+        secret = kubectl.json(context, "get", "secret", f"{RELEASE}-webhook-ca", "-n", NAMESPACE)
+        configuration = wait_for(
+            lambda c=context: (
+                (m := kubectl.json(c, "get", "mutatingwebhookconfiguration", RELEASE))
+                and m["webhooks"][0]["clientConfig"].get("caBundle")
+                and m
+            ),
+            timeout=30,
+            what=f"the caBundle written in {context}",
+        )
+        bundle = configuration["webhooks"][0]["clientConfig"]["caBundle"]
+        assert base64.b64decode(bundle) == base64.b64decode(secret["data"]["ca.crt"])
+
+        kubectl(context, "label", "namespace", namespace, "multicluster-scheduler=enabled")
+
+        def calls(c=context) -> float:
+            for line in metrics_of(installation, c).splitlines():
+                if line.startswith('webhook_requests_total{result="allowed",webhook="proxy-pods"}'):
+                    return float(line.split()[-1])
+            return 0.0
+
+        before = calls()
+        # The API server may take a moment to see the new caBundle: until then it refuses.
+        wait_for(
+            lambda c=context: (
+                kubectl.run(
+                    c, "run", "through-webhook", "-n", namespace, "--image=nginx", check=False
+                ).returncode
+                == 0
+                or None
+            ),
+            timeout=30,
+            what=f"a pod admitted through the webhook in {context}",
+        )
+        assert calls() > before
+
+
+def test_a_helm_upgrade_that_resets_the_ca_bundle_is_repaired(
+    installation: Installation, kubectl: Kubectl
+):
+    context = "cluster1"
+    port = installation.webhook_ports[context]
+    installation.helm(
+        context,
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "--reuse-values",
+        "--set",
+        f"webhook.url=https://127.0.0.1:{port}/mutate",
+        "--set",
+        "webhook.timeoutSeconds=9",
+    )
+    wait_for(
+        lambda: kubectl.json(context, "get", "mutatingwebhookconfiguration", RELEASE)["webhooks"][
+            0
+        ]["clientConfig"].get("caBundle"),
+        timeout=30,
+        what="the caBundle restored after an upgrade",
+    )
+
+
+def test_agents_meet_no_forbidden_error(installation: Installation, testbed: TestBed):
+    for context in CONTEXTS:
+        text = metrics_of(installation, context)
+        forbidden = [line for line in text.splitlines() if 'code="403"' in line]
+        assert forbidden == [], forbidden
+        log = installation.agents[context][0].log_tail(2000)
+        assert "Forbidden" not in log, log
+        assert " 403 " not in log, log
+
+
+def test_uninstall_leaves_nothing_of_ours_behind(installation: Installation, kubectl: Kubectl):
+    installation.uninstall()
+    for context in CONTEXTS:
+        leftovers = kubectl(
+            context,
+            "get",
+            "secrets,leases,serviceaccounts,roles,rolebindings,services,deployments,"
+            "poddisruptionbudgets",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app.kubernetes.io/part-of=multicluster-scheduler",
+            "-o",
+            "name",
+        )
+        assert leftovers == ""
+        for kind in ("mutatingwebhookconfigurations", "clusterroles", "clusterrolebindings"):
+            names = kubectl(context, "get", kind, "-o", "name")
+            assert "multicluster-scheduler" not in names, names
+        for kind in ("secret", "lease"):
+            gone = kubectl.run(context, "get", kind, "-n", NAMESPACE, "-o", "name", check=False)
+            assert "multicluster-scheduler" not in gone.stdout

@@ -1,0 +1,217 @@
+"""``multicluster-scheduler agent``: everything that runs in each cluster, in one process.
+
+The same agent runs in every cluster, in the cluster (its service account) or outside it
+(``--kubeconfig``/``--context``). Every replica serves the admission webhook and health
+endpoints; the leader runs the controllers. Settings come from flags, or from ``MCS_*``
+environment variables of the same names (``--webhook-port`` ↔ ``MCS_WEBHOOK_PORT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from multicluster import Cluster, ClusterConfig, Controller, LeaderElectionConfig, Manager
+from multicluster.config import ConfigError
+
+from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
+from .webhook.server import WebhookServer
+
+log = logging.getLogger("multicluster_scheduler.agent")
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def parse_duration(text: str | float) -> float:
+    """Seconds from ``15s``, ``1m30s``, ``2h`` or a plain number of seconds."""
+    if isinstance(text, int | float):
+        return float(text)
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    match = _DURATION.fullmatch(text)
+    if not text or not match:
+        raise ValueError(f"{text!r} is not a duration such as 15s, 1m30s or 2h")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+class AgentSettings(BaseModel):
+    namespace: str = Field(min_length=1, description="namespace the chart is installed in")
+    name: str = Field("multicluster-scheduler", min_length=1, description="release full name")
+    kubeconfig: str | None = None
+    context: str | None = None
+    identity: str = Field(
+        default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname()
+    )
+    webhook_host: str = "0.0.0.0"
+    webhook_port: int = Field(9443, ge=0, le=65535)
+    webhook_cert_hosts: list[str] = Field(default_factory=list)
+    webhook_cert_dir: Path | None = None
+    health_host: str = "0.0.0.0"
+    health_port: int = Field(8080, ge=0, le=65535)
+    log_level: str = "info"
+    leader_election_lease_duration: float = 15.0
+    leader_election_renew_deadline: float = 10.0
+    leader_election_retry_period: float = 2.0
+    source_controller: bool = True
+
+    @field_validator(
+        "leader_election_lease_duration",
+        "leader_election_renew_deadline",
+        "leader_election_retry_period",
+        mode="before",
+    )
+    @classmethod
+    def _duration(cls, value):
+        return parse_duration(value)
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError("log level must be debug, info, warning or error")
+        return value.lower()
+
+    @property
+    def ca_secret(self) -> str:
+        return f"{self.name}-webhook-ca"
+
+    @property
+    def self_managed_certificates(self) -> bool:
+        return self.webhook_cert_dir is None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    def env(name: str, default=None):
+        return os.environ.get("MCS_" + name.upper().replace("-", "_"), default)
+
+    add = parser.add_argument
+    add("--namespace", default=env("namespace"), help="namespace of the release (required)")
+    add("--name", default=env("name", "multicluster-scheduler"), help="release full name")
+    add("--kubeconfig", default=env("kubeconfig"), help="run outside the cluster with this file")
+    add("--context", default=env("context"), help="kubeconfig context")
+    add("--identity", default=env("identity"), help="leader-election identity (default: POD_NAME)")
+    add("--webhook-host", default=env("webhook-host", "0.0.0.0"))
+    add("--webhook-port", default=env("webhook-port", "9443"))
+    add(
+        "--webhook-cert-host",
+        dest="webhook_cert_hosts",
+        action="append",
+        default=[h for h in (env("webhook-cert-hosts") or "").split(",") if h],
+        help="extra DNS name or IP of the serving certificate (repeatable)",
+    )
+    add(
+        "--webhook-cert-dir",
+        default=env("webhook-cert-dir"),
+        help="tls.crt/tls.key from cert-manager instead of self-managed certificates",
+    )
+    add("--health-host", default=env("health-host", "0.0.0.0"))
+    add("--health-port", default=env("health-port", "8080"))
+    add("--log-level", default=env("log-level", "info"))
+    add("--leader-election-lease-duration", default=env("leader-election-lease-duration", "15s"))
+    add("--leader-election-renew-deadline", default=env("leader-election-renew-deadline", "10s"))
+    add("--leader-election-retry-period", default=env("leader-election-retry-period", "2s"))
+    add(
+        "--source-controller",
+        default=env("source-controller", "true"),
+        help="true or false (chart value sourceController.enabled)",
+    )
+
+
+def settings_from(args: argparse.Namespace) -> AgentSettings:
+    values = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    return AgentSettings(**values)
+
+
+async def run(settings: AgentSettings) -> None:
+    if settings.kubeconfig or settings.context:
+        cluster = Cluster(
+            "local", ClusterConfig.from_kubeconfig(settings.kubeconfig, settings.context)
+        )
+    else:
+        cluster = Cluster.in_cluster("local")
+    manager = Manager(
+        leader_election=LeaderElectionConfig(
+            namespace=settings.namespace,
+            name=settings.name,
+            identity=settings.identity,
+            lease_duration=settings.leader_election_lease_duration,
+            renew_deadline=settings.leader_election_renew_deadline,
+            retry_period=settings.leader_election_retry_period,
+        ),
+        health_port=settings.health_port,
+        health_host=settings.health_host,
+    )
+    manager.add_cluster(cluster)
+    with tempfile.TemporaryDirectory(prefix="webhook-") as scratch:
+        if settings.self_managed_certificates:
+            certificates = CertificateManager(
+                cluster.client,
+                namespace=settings.namespace,
+                ca_secret=settings.ca_secret,
+                webhook_configuration=settings.name,
+                hosts=[
+                    *service_hosts(settings.name, settings.namespace),
+                    *settings.webhook_cert_hosts,
+                ],
+                cert_dir=Path(scratch),
+            )
+            await certificates.load_ca()
+            certificates.issue()
+            cert_file, key_file = certificates.cert_file, certificates.key_file
+            ca_bundle = Controller("webhook-ca-bundle", certificates.reconcile_ca_bundle, workers=1)
+            ca_bundle.watch(
+                cluster, MUTATING_WEBHOOKS, field_selector=f"metadata.name={settings.name}"
+            )
+            manager.add_controller(ca_bundle)
+            manager.add_runnable(certificates.renew_forever, needs_leader=False)
+        else:
+            assert settings.webhook_cert_dir is not None
+            cert_file = settings.webhook_cert_dir / "tls.crt"
+            key_file = settings.webhook_cert_dir / "tls.key"
+        webhook = WebhookServer(settings.webhook_host, settings.webhook_port, cert_file, key_file)
+        if settings.self_managed_certificates:
+            certificates.on_reload(webhook.reload_certificate)
+        manager.add_runnable(webhook.serve, needs_leader=False)
+        log.info(
+            "agent starting namespace=%s name=%s identity=%s webhook_port=%d",
+            settings.namespace,
+            settings.name,
+            settings.identity,
+            settings.webhook_port,
+        )
+        await manager.run(handle_signals=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from(args)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
+            for err in e.errors()
+        )
+        print(f"error: {problems}", file=sys.stderr, flush=True)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        asyncio.run(run(settings))
+    except ConfigError as e:
+        log.error("cannot connect: %s", e)
+        return 1
+    return 0

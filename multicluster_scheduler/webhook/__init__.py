@@ -1,0 +1,1 @@
+"""The admission webhook that turns elected pods into proxy pods, and its certificates."""
