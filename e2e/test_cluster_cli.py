@@ -105,3 +105,32 @@ def test_up_refuses_bad_names_before_starting_anything(run_dir: Path):
     assert up.returncode != 0
     assert "'Cluster_1' is not a DNS label" in up.stderr
     assert processes_under(run_dir) == []
+
+
+def test_up_with_install_runs_agents_and_down_stops_them(run_dir: Path, bin_dir: Path):
+    up = cluster_cli(
+        "up",
+        "--clusters",
+        "solo",
+        "--nodes",
+        "1",
+        "--install",
+        "--agents",
+        "2",
+        "--dir",
+        str(run_dir),
+    )
+    assert up.returncode == 0, up.stderr
+    kubectl = Kubectl(run_dir / "kubeconfig", bin_dir)
+    lease = wait_for(
+        lambda: kubectl.json("solo", "get", "lease", "multicluster-scheduler", "-n", "admiralty")[
+            "spec"
+        ].get("holderIdentity"),
+        timeout=30,
+        what="an agent leading",
+    )
+    assert lease in ("solo-agent-0", "solo-agent-1")
+    assert len([p for p in processes_under(run_dir) if "multicluster_scheduler" in p]) == 2
+    down = cluster_cli("down", "--dir", str(run_dir))
+    assert down.returncode == 0, down.stderr
+    assert processes_under(run_dir) == []

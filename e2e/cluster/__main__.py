@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..testbin import BuildError, build
+from .install import Installation
 from .testbed import ClusterSpec, TestBed
 
 STATE_FILE = "testbed.json"
@@ -89,12 +90,23 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    pids = [p.pid for p in bed.processes()]
+    if args.install:
+        try:
+            installation = Installation(bed, agents_per_cluster=args.agents)
+            installation.install()
+            installation.start_agents()
+        except Exception as e:
+            bed.down()
+            _write_state(directory, supervisor=os.getpid(), phase="failed", error=str(e))
+            return 1
+    pids = [p.pid for p in bed.processes() if p.pid]
     _write_state(directory, supervisor=os.getpid(), phase="ready", pids=pids)
     while not stop.wait(1.0):
         dead = [p.name for p in bed.processes() if not p.running]
         if dead:
             print(f"component(s) exited: {', '.join(dead)}", file=sys.stderr, flush=True)
+    if args.install:
+        installation.stop_agents()
     bed.down()
     _write_state(directory, phase="stopped")
     return 0
@@ -140,6 +152,8 @@ def up(args: argparse.Namespace) -> int:
     argv += ["--node-pods", args.node_pods, "--timeout", str(args.timeout)]
     for label in args.node_label:
         argv += ["--node-label", label]
+    if args.install:
+        argv += ["--install", "--agents", str(args.agents)]
     started = time.monotonic()
     with (directory / "supervisor.log").open("ab") as log:
         proc = subprocess.Popen(
@@ -191,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
             help="label the fake nodes (of one cluster, or all); repeatable",
         )
         p.add_argument("--timeout", type=float, default=180.0)
+        p.add_argument(
+            "--install",
+            action="store_true",
+            help="helm install the chart into every cluster and run its agents locally",
+        )
+        p.add_argument("--agents", type=int, default=1, help="agents per cluster (with --install)")
         if name == "serve":
             p.add_argument("--bin-dir", required=True)
     p = sub.add_parser("down", help="stop everything started by up")

@@ -1,0 +1,56 @@
+"""Agent settings from flags and environment, and refusals that say what is wrong."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from multicluster_scheduler import agent
+from multicluster_scheduler.cli import main
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("15s", 15), ("1m30s", 90), ("2h", 7200), ("0.5", 0.5), ("100ms", None)]
+)
+def test_durations(text, seconds):
+    if seconds is None:
+        with pytest.raises(ValueError, match="not a duration"):
+            agent.parse_duration(text)
+    else:
+        assert agent.parse_duration(text) == seconds
+
+
+def parse(argv: list[str]) -> agent.AgentSettings:
+    parser = argparse.ArgumentParser()
+    agent.add_arguments(parser)
+    return agent.settings_from(parser.parse_args(argv))
+
+
+def test_flags_and_environment(monkeypatch):
+    monkeypatch.setenv("MCS_NAMESPACE", "admiralty")
+    monkeypatch.setenv("MCS_WEBHOOK_PORT", "10443")
+    monkeypatch.setenv("MCS_SOURCE_CONTROLLER", "false")
+    settings = parse(["--leader-election-lease-duration", "30s", "--webhook-cert-host", "1.2.3.4"])
+    assert settings.namespace == "admiralty"
+    assert settings.webhook_port == 10443
+    assert settings.source_controller is False
+    assert settings.leader_election_lease_duration == 30
+    assert settings.webhook_cert_hosts == ["1.2.3.4"]
+    assert settings.ca_secret == "multicluster-scheduler-webhook-ca"
+    assert settings.self_managed_certificates
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["agent"], "--namespace: Field required"),
+        (["agent", "--namespace", "a", "--webhook-port", "70000"], "--webhook-port"),
+        (["agent", "--namespace", "a", "--log-level", "loud"], "log level must be"),
+        (["agent", "--namespace", "a", "--leader-election-retry-period", "soon"], "not a duration"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_reason(argv, message, capsys, monkeypatch):
+    monkeypatch.delenv("MCS_NAMESPACE", raising=False)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
