@@ -183,6 +183,19 @@ def test_agents_meet_no_forbidden_error(installation: Installation, testbed: Tes
         assert " 403 " not in log, log
 
 
+def test_a_dead_agent_is_restarted_as_its_deployment_would_be(installation: Installation):
+    agent = installation.agents["cluster2"][0]
+    first = agent.pid
+    agent.kill()
+    wait_for(lambda: agent.running and agent.pid != first, timeout=15, what="the agent restarted")
+    port = installation.health_ports["cluster2"][0]
+    wait_for(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status == 200,
+        timeout=30,
+        what="the restarted agent ready",
+    )
+
+
 def test_uninstall_leaves_nothing_of_ours_behind(installation: Installation, kubectl: Kubectl):
     installation.uninstall()
     for context in CONTEXTS:
