@@ -5,6 +5,7 @@ and uninstalling leaves nothing of ours behind."""
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import urllib.request
 
@@ -144,6 +145,64 @@ def test_api_server_calls_the_webhook_with_the_ca_bundle_the_agent_wrote(
             what=f"a pod admitted through the webhook in {context}",
         )
         assert calls() > before
+
+
+def test_each_cluster_publishes_its_summary(
+    installation: Installation, kubectl: Kubectl, namespace: str
+):
+    def summary(context: str) -> dict | None:
+        proc = kubectl.run(context, "get", "clustersummary", "singleton", "-o", "json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    for context in CONTEXTS:
+        published = wait_for(lambda c=context: summary(c), timeout=30, what=f"{context} summary")
+        assert published["allocatable"] == {"cpu": "24", "memory": "96Gi", "pods": "330"}
+        (group,) = published["nodeGroups"]
+        assert group["count"] == 3
+        assert "kubernetes.io/hostname" not in group["labels"]
+        assert group["labels"]["type"] == "kwok"
+
+    context = "cluster2"
+    kubectl(
+        context, "create", "deployment", "sized", "-n", namespace, "--image=nginx", "--replicas=4"
+    )
+    kubectl(
+        context,
+        "set",
+        "resources",
+        "deployment",
+        "sized",
+        "-n",
+        namespace,
+        "--requests=cpu=500m,memory=1Gi",
+    )
+    wait_for(
+        lambda: summary(context)["nodeGroups"][0]["requested"].get("cpu") == "2",
+        timeout=60,
+        what="the requests of 4 pods in the summary",
+    )
+    requested = summary(context)["nodeGroups"][0]["requested"]
+    assert requested["memory"] == "4Gi"
+    kubectl.apply(
+        context,
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": "admiralty-namespace-default-elsewhere",
+                "labels": {"type": "virtual-kubelet", "virtual-kubelet.io/provider": "admiralty"},
+            },
+            "status": {"allocatable": {"cpu": "1000"}, "capacity": {"cpu": "1000"}},
+        },
+    )
+    kubectl(context, "delete", "deployment", "sized", "-n", namespace)
+    wait_for(
+        lambda: "cpu" not in summary(context)["nodeGroups"][0]["requested"],
+        timeout=60,
+        what="the summary after the pods went",
+    )
+    assert summary(context)["allocatable"]["cpu"] == "24", "virtual nodes are not counted"
+    kubectl(context, "delete", "node", "admiralty-namespace-default-elsewhere")
 
 
 def test_a_helm_upgrade_that_resets_the_ca_bundle_is_repaired(

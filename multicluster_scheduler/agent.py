@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from multicluster import Cluster, ClusterConfig, Controller, LeaderElectionConfig, Manager
 from multicluster.config import ConfigError
 
+from .summary.controller import summary_controller
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
 from .webhook.server import WebhookServer
 
@@ -66,6 +67,19 @@ class AgentSettings(BaseModel):
     leader_election_renew_deadline: float = 10.0
     leader_election_retry_period: float = 2.0
     source_controller: bool = True
+    summary_exclude_labels: str | None = Field(
+        None, description="regular expression of node label keys left out of node groups"
+    )
+
+    @field_validator("summary_exclude_labels")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value:
+            try:
+                re.compile(value)
+            except re.error as e:
+                raise ValueError(f"not a regular expression: {e}") from e
+        return value or None
 
     @field_validator(
         "leader_election_lease_duration",
@@ -155,6 +169,10 @@ async def run(settings: AgentSettings) -> None:
         health_host=settings.health_host,
     )
     manager.add_cluster(cluster)
+    exclude = (
+        re.compile(settings.summary_exclude_labels) if settings.summary_exclude_labels else None
+    )
+    manager.add_controller(summary_controller(cluster, exclude=exclude))
     with tempfile.TemporaryDirectory(prefix="webhook-") as scratch:
         if settings.self_managed_certificates:
             certificates = CertificateManager(

@@ -1,0 +1,1 @@
+"""The summary controller: every cluster publishes what it offers as a ClusterSummary."""

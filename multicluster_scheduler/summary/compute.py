@@ -1,0 +1,166 @@
+"""What a cluster offers, computed from its nodes and pods (pure functions, no I/O).
+
+Totals of real nodes (virtual nodes excluded, so clusters that target each other do not count
+each other twice), and node groups: nodes that look alike to a scheduler (same labels, minus
+high-cardinality and excluded keys, and same taints) with their count, allocatable, requested
+and the most of each resource free on a single node. A source filters targets on these groups
+without any API call: a pod whose nodeSelector, affinity, tolerations or requests no group can
+satisfy will not fit there.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from typing import Any
+
+from ..api import keys
+from ..api.quantity import add, format_list, parse_list
+
+HIGH_CARDINALITY_LABELS = frozenset({"kubernetes.io/hostname"})
+# Taints that come and go with a node's health; they would split groups for no lasting reason.
+TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def is_virtual(node: dict) -> bool:
+    labels = node["metadata"].get("labels") or {}
+    return labels.get("type") == "virtual-kubelet" or keys.PROVIDER_KEY in labels
+
+
+def slim_node(node: dict) -> dict:
+    meta, status = node["metadata"], node.get("status") or {}
+    return {
+        "metadata": {
+            "name": meta["name"],
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": meta.get("labels") or {},
+        },
+        "spec": {"taints": (node.get("spec") or {}).get("taints") or []},
+        "status": {
+            "capacity": status.get("capacity") or {},
+            "allocatable": status.get("allocatable") or {},
+        },
+    }
+
+
+def slim_pod(pod: dict) -> dict:
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+
+    def requests(containers) -> list[dict]:
+        return [
+            {
+                "requests": ((c.get("resources") or {}).get("requests")) or {},
+                "restartPolicy": c.get("restartPolicy"),
+            }
+            for c in containers or ()
+        ]
+
+    return {
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta.get("namespace"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": requests(spec.get("containers")),
+            "initContainers": requests(spec.get("initContainers")),
+            "overhead": spec.get("overhead") or {},
+        },
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
+
+
+def pod_requests(pod: dict) -> dict[str, Fraction]:
+    """Effective requests, as the scheduler counts them: the larger of the app containers (plus
+    sidecars) and of any init container (plus the sidecars started before it), plus overhead;
+    and one ``pods``."""
+    spec = pod["spec"]
+    total: dict[str, Fraction] = {}
+    sidecars: dict[str, Fraction] = {}
+    init_peak: dict[str, Fraction] = {}
+    for container in spec.get("initContainers") or ():
+        requests = parse_list(container.get("requests"))
+        if container.get("restartPolicy") == "Always":
+            add(sidecars, requests)
+            continue
+        for name, value in requests.items():
+            init_peak[name] = max(init_peak.get(name, Fraction(0)), value + sidecars.get(name, 0))
+    for container in spec.get("containers") or ():
+        add(total, parse_list(container.get("requests")))
+    add(total, sidecars)
+    for name, value in init_peak.items():
+        total[name] = max(total.get(name, Fraction(0)), value)
+    add(total, parse_list(spec.get("overhead")))
+    total["pods"] = total.get("pods", Fraction(0)) + 1
+    return total
+
+
+def group_key(node: dict, exclude: re.Pattern | None) -> tuple:
+    labels = node["metadata"].get("labels") or {}
+    kept = tuple(
+        sorted(
+            (k, v)
+            for k, v in labels.items()
+            if k not in HIGH_CARDINALITY_LABELS and not (exclude and exclude.search(k))
+        )
+    )
+    taints = tuple(
+        sorted(
+            (t["key"], t.get("value") or "", t["effect"])
+            for t in (node.get("spec") or {}).get("taints") or ()
+            if not t["key"].startswith(TRANSIENT_TAINT_PREFIX)
+        )
+    )
+    return kept, taints
+
+
+def summarize(
+    nodes: list[dict], pods: list[dict], exclude: re.Pattern | None = None
+) -> dict[str, Any]:
+    """The ClusterSummary fields (capacity, allocatable, nodeGroups) for these objects."""
+    real = {n["metadata"]["name"]: n for n in nodes if not is_virtual(n)}
+    requested: dict[str, dict[str, Fraction]] = {name: {} for name in real}
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if node in requested and pod["status"].get("phase") not in TERMINAL_PHASES:
+            add(requested[node], pod_requests(pod))
+    capacity: dict[str, Fraction] = {}
+    allocatable: dict[str, Fraction] = {}
+    groups: dict[tuple, dict[str, Any]] = {}
+    for name, node in real.items():
+        node_allocatable = parse_list(node["status"].get("allocatable"))
+        add(capacity, parse_list(node["status"].get("capacity")))
+        add(allocatable, node_allocatable)
+        key = group_key(node, exclude)
+        group = groups.setdefault(
+            key, {"count": 0, "allocatable": {}, "requested": {}, "largestFree": {}}
+        )
+        group["count"] += 1
+        add(group["allocatable"], node_allocatable)
+        add(group["requested"], requested[name])
+        for resource, amount in node_allocatable.items():
+            free = amount - requested[name].get(resource, Fraction(0))
+            current = group["largestFree"].get(resource)
+            if current is None or free > current:
+                group["largestFree"][resource] = free
+    node_groups = []
+    for (labels, taints), group in sorted(groups.items()):
+        node_groups.append(
+            {
+                "labels": dict(labels),
+                "taints": [
+                    {"key": k, **({"value": v} if v else {}), "effect": e} for k, v, e in taints
+                ],
+                "count": group["count"],
+                "allocatable": format_list(group["allocatable"]),
+                "requested": format_list(group["requested"]),
+                "largestFree": format_list(group["largestFree"]),
+            }
+        )
+    return {
+        "capacity": format_list(capacity),
+        "allocatable": format_list(allocatable),
+        "nodeGroups": node_groups,
+    }

@@ -1,0 +1,74 @@
+"""Keeps the cluster's ClusterSummary ``singleton`` current, cheaply under churn.
+
+Node and pod events only enqueue the one summary; the single worker recomputes from the caches
+(slim projections), writes only when the result differs from the summary it sees (so a deleted
+or edited summary is restored) (server-side apply: one request, create
+or update) and then waits ``min_interval`` while more events coalesce: at most about one write a
+second, however busy the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+from multicluster import Cluster, Controller, EnqueueMapped, Request
+from multicluster.resources import NODES, PODS
+
+from ..api import keys
+from ..api.resources import CLUSTER_SUMMARIES
+from .compute import slim_node, slim_pod, summarize
+
+log = logging.getLogger(__name__)
+FIELD_MANAGER = "multicluster-scheduler-summary"
+SINGLETON = f"metadata.name={keys.CLUSTER_SUMMARY_NAME}"
+
+
+class SummaryReconciler:
+    def __init__(
+        self, cluster: Cluster, *, exclude: re.Pattern | None = None, min_interval: float = 1.0
+    ) -> None:
+        self.cluster = cluster
+        self.exclude = exclude
+        self.min_interval = min_interval
+        self.nodes = cluster.informer(NODES, transform=slim_node)
+        self.pods = cluster.informer(PODS, transform=slim_pod)
+        self.summaries = cluster.informer(CLUSTER_SUMMARIES, field_selector=SINGLETON)
+
+    async def reconcile(self, request: Request) -> None:
+        summary = summarize(self.nodes.list(), self.pods.list(), self.exclude)
+        current = self.summaries.get(keys.CLUSTER_SUMMARY_NAME)
+        if current is not None and all(current.get(k) == v for k, v in summary.items()):
+            return
+        body = {
+            "apiVersion": CLUSTER_SUMMARIES.api_version,
+            "kind": CLUSTER_SUMMARIES.kind,
+            "metadata": {"name": keys.CLUSTER_SUMMARY_NAME},
+            **summary,
+        }
+        await self.cluster.client.patch(
+            CLUSTER_SUMMARIES,
+            keys.CLUSTER_SUMMARY_NAME,
+            body,
+            patch_type="apply",
+            field_manager=FIELD_MANAGER,
+            force=True,
+        )
+        log.info(
+            "cluster summary written cluster=%s nodes=%d groups=%d",
+            self.cluster.name,
+            sum(g["count"] for g in summary["nodeGroups"]),
+            len(summary["nodeGroups"]),
+        )
+        await asyncio.sleep(self.min_interval)
+
+
+def summary_controller(cluster: Cluster, *, exclude: re.Pattern | None = None) -> Controller:
+    reconciler = SummaryReconciler(cluster, exclude=exclude)
+    controller = Controller("summary", reconciler, workers=1)
+    singleton = EnqueueMapped(lambda name, _obj: (Request(name, "", keys.CLUSTER_SUMMARY_NAME),))
+    controller.watch(cluster, NODES, handler=singleton, transform=slim_node)
+    controller.watch(cluster, PODS, handler=singleton, transform=slim_pod)
+    controller.watch(cluster, CLUSTER_SUMMARIES, handler=singleton, field_selector=SINGLETON)
+    return controller

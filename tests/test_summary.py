@@ -1,0 +1,100 @@
+"""Cluster summaries from nodes and pods: totals, node groups, requests as the scheduler counts."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+from multicluster_scheduler.summary.compute import pod_requests, slim_node, slim_pod, summarize
+
+
+def node(name, cpu="8", memory="32Gi", pods="110", labels=None, taints=None):
+    return slim_node(
+        {
+            "metadata": {
+                "name": name,
+                "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+            },
+            "spec": {"taints": taints or []},
+            "status": {
+                "capacity": {"cpu": cpu, "memory": memory, "pods": pods},
+                "allocatable": {"cpu": cpu, "memory": memory, "pods": pods},
+            },
+        }
+    )
+
+
+def pod(node_name, cpu="1", memory="1Gi", phase="Running", init=None, overhead=None):
+    return slim_pod(
+        {
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "nodeName": node_name,
+                "containers": [
+                    {"name": "c", "resources": {"requests": {"cpu": cpu, "memory": memory}}}
+                ],
+                "initContainers": init or [],
+                "overhead": overhead or {},
+            },
+            "status": {"phase": phase},
+        }
+    )
+
+
+def test_totals_exclude_virtual_nodes_and_groups_ignore_hostnames():
+    nodes = [
+        node("a", labels={"topology.kubernetes.io/region": "eu"}),
+        node("b", labels={"topology.kubernetes.io/region": "eu"}),
+        node("c", cpu="4", labels={"topology.kubernetes.io/region": "us"}),
+        node(
+            "admiralty-namespace-default-c2",
+            cpu="1000",
+            labels={"type": "virtual-kubelet", "virtual-kubelet.io/provider": "admiralty"},
+        ),
+    ]
+    summary = summarize(nodes, [pod("a"), pod("a", phase="Succeeded"), pod("b", cpu="500m")])
+    assert summary["allocatable"] == {"cpu": "20", "memory": "96Gi", "pods": "330"}
+    assert summary["capacity"] == summary["allocatable"]
+    eu, us = summary["nodeGroups"]
+    assert eu["labels"] == {"topology.kubernetes.io/region": "eu"}
+    assert eu["count"] == 2
+    assert eu["requested"] == {"cpu": "1500m", "memory": "2Gi", "pods": "2"}
+    assert eu["largestFree"] == {"cpu": "7500m", "memory": "31Gi", "pods": "109"}
+    assert us["count"] == 1
+    assert us["requested"] == {}
+
+
+def test_taints_split_groups_but_transient_ones_do_not():
+    gpu = [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]
+    not_ready = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+    summary = summarize([node("a", taints=gpu), node("b"), node("c", taints=not_ready)], [])
+    assert [(g["count"], g["taints"]) for g in summary["nodeGroups"]] == [
+        (2, []),
+        (1, [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]),
+    ]
+
+
+def test_exclusion_pattern_merges_groups():
+    nodes = [
+        node("a", labels={"example.com/build": "1"}),
+        node("b", labels={"example.com/build": "2"}),
+    ]
+    assert len(summarize(nodes, [])["nodeGroups"]) == 2
+    assert len(summarize(nodes, [], re.compile(r"^example\.com/"))["nodeGroups"]) == 1
+
+
+def test_requests_count_init_containers_sidecars_and_overhead():
+    init = [
+        {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"cpu": "100m"}}},
+        {"name": "migrate", "resources": {"requests": {"cpu": "2", "memory": "64Mi"}}},
+    ]
+    requests = pod_requests(pod("a", cpu="1", memory="1Gi", init=init, overhead={"cpu": "50m"}))
+    # init peak 2 + sidecar 0.1 > app 1 + sidecar 0.1; plus overhead.
+    assert requests["cpu"] == Fraction("2.15")
+    assert requests["memory"] == 2**30
+    assert requests["pods"] == 1
+
+
+def test_same_inputs_give_identical_summaries():
+    nodes = [node("b"), node("a")]
+    assert summarize(nodes, [pod("a")]) == summarize(list(reversed(nodes)), [pod("a")])
