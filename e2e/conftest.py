@@ -50,10 +50,24 @@ def kubectl(testbed: TestBed) -> Kubectl:
     return Kubectl(testbed.kubeconfig, testbed.bin_dir)
 
 
+@pytest.fixture(scope="module")
+def installation(testbed: TestBed):
+    """The chart helm-installed into every cluster, agents running under its identity; removed
+    after the module (unless a test uninstalled it)."""
+    from e2e.cluster.install import Installation
+
+    install = Installation(testbed)
+    install.install()
+    install.start_agents()
+    yield install
+    if install.installed:
+        install.uninstall()
+
+
 @pytest.fixture
 def namespace(testbed: TestBed, kubectl: Kubectl):
     """A fresh namespace of the same name in every cluster, deleted afterwards."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
+    name = f"t{uuid.uuid4().hex[:8]}"  # no dash: virtual node names stay unhashed
     for context in testbed.clusters:
         kubectl(context, "create", "namespace", name)
     yield name

@@ -77,15 +77,6 @@ def test_templates(bin_dir, values):
     assert any(d["kind"] == "PodDisruptionBudget" for d in docs)
 
 
-@pytest.fixture(scope="module")
-def installation(testbed: TestBed):
-    install = Installation(testbed)
-    install.install()
-    install.start_agents()
-    yield install
-    install.stop_agents()
-
-
 def metrics_of(install: Installation, context: str) -> str:
     port = install.health_ports[context][0]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:

@@ -192,11 +192,13 @@ class Client:
         timeout_seconds: int = 300,
         bookmarks: bool = True,
         idle_timeout: float | None = None,
+        on_open=None,
     ) -> AsyncIterator[dict]:
         """Watch events as dicts ``{"type": ..., "object": ...}``; ends when the server ends it.
 
         An ``ERROR`` event with code 410 raises :class:`Gone`. ``idle_timeout`` ends a watch
-        that has been silent that long (a watchdog for half-open connections).
+        that has been silent that long (a watchdog for half-open connections). ``on_open`` is
+        called once the server has accepted the watch.
         """
         await self.config.refresh_token()
         params = _query(
@@ -225,6 +227,8 @@ class Client:
                     if resp.status == 401:
                         await self.config.refresh_token(force=True)
                     raise error_for(resp.status, _decode(payload), f"WATCH {path} on {self.name}")
+                if on_open is not None:
+                    on_open()
                 buffer = b""
                 async for chunk in resp.content.iter_any():
                     buffer += chunk

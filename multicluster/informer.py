@@ -307,6 +307,7 @@ class Informer:
             field_selector=self.field_selector,
             timeout_seconds=random.randint(300, 600),
             idle_timeout=self.idle_timeout,
+            on_open=self._connected,
         ):
             kind = event["type"]
             raw = event["object"]
@@ -330,6 +331,14 @@ class Informer:
                 self.resource_version = version
         metrics.INFORMER_OBJECTS.labels(*self._labels).set(len(store))
         return delivered
+
+    def _connected(self) -> None:
+        self.last_error = None
+
+    @property
+    def healthy(self) -> bool:
+        """Synced, and the last list or watch succeeded."""
+        return self.has_synced and self.last_error is None
 
     def _dispatch(self, kind: str, obj: dict, old: dict | None, initial: bool) -> None:
         self._event_counters[kind].inc()

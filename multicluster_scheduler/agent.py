@@ -24,6 +24,9 @@ from multicluster import Cluster, ClusterConfig, Controller, LeaderElectionConfi
 from multicluster.config import ConfigError
 
 from .summary.controller import summary_controller
+from .targets.controller import targets_controller
+from .targets.registry import TargetRegistry
+from .virtual_kubelet.loop import VirtualKubelet
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
 from .webhook.server import WebhookServer
 
@@ -60,6 +63,11 @@ class AgentSettings(BaseModel):
     webhook_port: int = Field(9443, ge=0, le=65535)
     webhook_cert_hosts: list[str] = Field(default_factory=list)
     webhook_cert_dir: Path | None = None
+    node_address: str = Field(
+        default_factory=lambda: os.environ.get("POD_IP") or "127.0.0.1",
+        description="address virtual nodes advertise (the agent's pod IP)",
+    )
+    kubelet_port: int = Field(10250, ge=1, le=65535)
     health_host: str = "0.0.0.0"
     health_port: int = Field(8080, ge=0, le=65535)
     log_level: str = "info"
@@ -131,6 +139,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=env("webhook-cert-dir"),
         help="tls.crt/tls.key from cert-manager instead of self-managed certificates",
     )
+    add(
+        "--node-address",
+        default=env("node-address"),
+        help="address of virtual nodes (default: $POD_IP)",
+    )
+    add("--kubelet-port", default=env("kubelet-port", "10250"))
     add("--health-host", default=env("health-host", "0.0.0.0"))
     add("--health-port", default=env("health-port", "8080"))
     add("--log-level", default=env("log-level", "info"))
@@ -173,6 +187,11 @@ async def run(settings: AgentSettings) -> None:
         re.compile(settings.summary_exclude_labels) if settings.summary_exclude_labels else None
     )
     manager.add_controller(summary_controller(cluster, exclude=exclude))
+    registry = TargetRegistry()
+    manager.add_controller(targets_controller(cluster, manager, registry))
+    VirtualKubelet(
+        cluster.client, registry, address=settings.node_address, port=settings.kubelet_port
+    )
     with tempfile.TemporaryDirectory(prefix="webhook-") as scratch:
         if settings.self_managed_certificates:
             certificates = CertificateManager(

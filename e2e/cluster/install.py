@@ -35,6 +35,7 @@ class Installation:
         self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self.installed = False
 
     def _env(self) -> dict[str, str]:
         helm_home = self.bed.dir / "helm"
@@ -124,6 +125,7 @@ class Installation:
             ]
             for i, agent in enumerate(self.agents[name]):
                 cluster.processes[f"agent-{i}"] = agent
+        self.installed = True
 
     def start_agents(self, timeout: float = 60.0) -> None:
         """Start the agents (restarted whenever they die) and wait until they are ready."""
@@ -160,6 +162,10 @@ class Installation:
         self.stop_agents()
         for name in self.bed.clusters:
             self.helm(name, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+        for name, agents in self.agents.items():
+            for i in range(len(agents)):
+                self.bed.clusters[name].processes.pop(f"agent-{i}", None)
+        self.installed = False
 
 
 def _ready(port: int) -> bool:

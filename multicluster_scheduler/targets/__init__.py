@@ -1,0 +1,1 @@
+"""The targets controller: Targets and ClusterTargets as live connections."""

@@ -1,0 +1,262 @@
+"""The targets controller (source side): each Target and ClusterTarget becomes a live connection.
+
+Targets are created, changed and deleted at run time, no restart: a kubeconfig Secret is read
+from the cache (and followed: fixing it reconnects), the connection is a runtime Cluster added
+to the manager, and its readiness is whether the target's ClusterSummary is seen. Each target is
+reconciled on its own, so a broken or unreachable one never delays another. The result is
+written where users look: ``status.conditions`` (Ready, with a precise reason and message) and
+an event on every change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from multicluster import (
+    Cluster,
+    ClusterConfig,
+    Controller,
+    EnqueueMapped,
+    Forbidden,
+    Manager,
+    Request,
+    Result,
+    Unauthorized,
+)
+from multicluster.config import ConfigError
+from multicluster.events import EventRecorder
+from multicluster.resources import SECRETS
+
+from ..api import keys
+from ..api.naming import virtual_node_name
+from ..api.resources import CLUSTER_SUMMARIES, CLUSTER_TARGETS, TARGETS
+from .registry import TargetConnection, TargetRegistry
+
+log = logging.getLogger(__name__)
+SINGLETON = f"metadata.name={keys.CLUSTER_SUMMARY_NAME}"
+RECHECK_READY = 10.0
+RECHECK_NOT_READY = 2.0
+
+
+def secret_reference(target: dict) -> str | None:
+    """``namespace/name`` of the kubeconfig Secret a Target or ClusterTarget uses."""
+    ref = (target.get("spec") or {}).get("kubeconfigSecret")
+    if not ref:
+        return None
+    namespace = ref.get("namespace") or target["metadata"].get("namespace")
+    return f"{namespace}/{ref.get('name')}"
+
+
+def ready_condition(
+    ready: bool | None, reason: str, message: str, generation: int | None, previous: list
+) -> dict:
+    status = "Unknown" if ready is None else ("True" if ready else "False")
+    old = next((c for c in previous or () if c.get("type") == "Ready"), None)
+    changed = old is None or old.get("status") != status
+    return {
+        "type": "Ready",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": (
+            dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if changed
+            else old.get("lastTransitionTime")
+        ),
+        "observedGeneration": generation,
+    }
+
+
+def classify(error: Exception) -> tuple[str, str]:
+    if isinstance(error, Unauthorized):
+        return "Unauthorized", f"the target rejected our credentials: {error}"
+    if isinstance(error, Forbidden):
+        return "Forbidden", (
+            f"the target forbids reading its ClusterSummary (bind the "
+            f"{keys.CLUSTER_SUMMARY_VIEWER_CLUSTER_ROLE} ClusterRole): {error}"
+        )
+    return "Unreachable", str(error)
+
+
+class TargetsReconciler:
+    def __init__(self, local: Cluster, manager: Manager, registry: TargetRegistry) -> None:
+        self.local = local
+        self.manager = manager
+        self.registry = registry
+        self.targets = local.informer(TARGETS)
+        self.cluster_targets = local.informer(CLUSTER_TARGETS)
+        self.secrets = local.informer(SECRETS)
+        for informer in (self.targets, self.cluster_targets):
+            informer.add_indexer("secret", lambda t: [r] if (r := secret_reference(t)) else [])
+        self.events = EventRecorder(local.client, "multicluster-scheduler")
+        self.controller: Controller | None = None
+        self._config_keys: dict[str, tuple] = {}
+        self._handlers: dict[str, object] = {}
+
+    async def reconcile(self, request: Request) -> Result | None:
+        namespaced = bool(request.namespace)
+        informer = self.targets if namespaced else self.cluster_targets
+        target = informer.get(request.name, request.namespace or None)
+        node_name = virtual_node_name(request.name, request.namespace or None)
+        connection = self.registry.connections.get(node_name)
+        if target is None:
+            if connection is not None:
+                await self._disconnect(connection)
+                await self.registry.remove(node_name)
+                log.info("target removed node=%s", node_name)
+            return None
+        if connection is None:
+            connection = TargetConnection(
+                kind="Target" if namespaced else "ClusterTarget",
+                name=request.name,
+                namespace=request.namespace or None,
+            )
+            await self.registry.add(connection)
+        problem = await self._connect(connection, target, request)
+        if problem is not None:
+            ready, reason, message = False, *problem
+        else:
+            ready, reason, message = self._readiness(connection)
+        await self._report(connection, target, ready, reason, message)
+        return Result(requeue_after=RECHECK_READY if ready else RECHECK_NOT_READY)
+
+    async def _connect(
+        self, connection: TargetConnection, target: dict, request: Request
+    ) -> tuple[str, str] | None:
+        """Make sure the connection uses the target's current configuration; or say why not."""
+        spec = target.get("spec") or {}
+        if spec.get("self"):
+            key: tuple = ("self",)
+            config = None
+        else:
+            ref = spec.get("kubeconfigSecret") or {}
+            where = secret_reference(target) or "?"
+            namespace, _, name = where.partition("/")
+            secret = self.secrets.get(name, namespace)
+            if secret is None:
+                await self._disconnect(connection)
+                return "SecretNotFound", f"secret {where} not found"
+            data_key = ref.get("key") or "config"
+            if data_key not in (secret.get("data") or {}):
+                await self._disconnect(connection)
+                return "KeyNotFound", f"secret {where} has no key {data_key!r}"
+            key = (secret["metadata"].get("resourceVersion"), data_key, ref.get("context"))
+            if self._config_keys.get(connection.node_name) == key:
+                return None
+            try:
+                config = ClusterConfig.from_secret(secret, data_key, ref.get("context"))
+            except ConfigError as e:
+                await self._disconnect(connection)
+                return "InvalidKubeconfig", str(e)
+        if self._config_keys.get(connection.node_name) == key:
+            return None
+        await self._disconnect(connection)
+        cluster = self.local if config is None else Cluster(connection.node_name, config)
+        summaries = cluster.informer(CLUSTER_SUMMARIES, field_selector=SINGLETON)
+        enqueue = self._enqueuer(request, connection)
+        summaries.add_handler(enqueue)
+        self._handlers[connection.node_name] = enqueue
+        connection.cluster, connection.summaries = cluster, summaries
+        if cluster is not self.local:
+            self.manager.add_cluster(cluster)
+        self._config_keys[connection.node_name] = key
+        log.info("target connected node=%s server=%s", connection.node_name, cluster.config.server)
+        return None
+
+    def _enqueuer(self, request: Request, connection: TargetConnection):
+        def on_summary(_event: str, _obj: dict, _old: dict | None, _initial: bool) -> None:
+            connection.changed.set()
+            if self.controller is not None:
+                self.controller.queue.add(request)
+
+        return on_summary
+
+    async def _disconnect(self, connection: TargetConnection) -> None:
+        cluster = connection.cluster
+        self._config_keys.pop(connection.node_name, None)
+        handler = self._handlers.pop(connection.node_name, None)
+        if connection.summaries is not None and handler is not None:
+            connection.summaries.remove_handler(handler)
+        connection.cluster, connection.summaries = None, None
+        if cluster is not None and cluster is not self.local:
+            await self.manager.remove_cluster(cluster.name)
+
+    def _readiness(self, connection: TargetConnection) -> tuple[bool | None, str, str]:
+        summaries = connection.summaries
+        if summaries is None:
+            return None, "Connecting", "connecting to the target"
+        if summaries.last_error is not None:
+            return False, *classify(summaries.last_error)
+        if not summaries.has_synced:
+            return None, "Connecting", "connecting to the target"
+        if connection.summary() is None:
+            return (
+                False,
+                "SummaryMissing",
+                ("the target has no ClusterSummary: is multicluster-scheduler installed there?"),
+            )
+        return True, "Ready", "the target's ClusterSummary is current"
+
+    async def _report(
+        self,
+        connection: TargetConnection,
+        target: dict,
+        ready: bool | None,
+        reason: str,
+        message: str,
+    ) -> None:
+        changed = (connection.ready, connection.reason, connection.message) != (
+            bool(ready),
+            reason,
+            message,
+        )
+        connection.ready, connection.reason, connection.message = bool(ready), reason, message
+        if changed:
+            connection.changed.set()
+        status = target.get("status") or {}
+        previous = status.get("conditions") or []
+        generation = target["metadata"].get("generation")
+        condition = ready_condition(ready, reason, message, generation, previous)
+        old = next((c for c in previous if c.get("type") == "Ready"), None)
+        if old is not None and all(
+            old.get(k) == condition[k]
+            for k in ("status", "reason", "message", "observedGeneration")
+        ):
+            return
+        resource = TARGETS if connection.namespace else CLUSTER_TARGETS
+        meta = target["metadata"]
+        await self.local.client.patch(
+            resource,
+            meta["name"],
+            {"status": {"conditions": [condition]}},
+            meta.get("namespace"),
+            subresource="status",
+        )
+        if old is None or old.get("reason") != reason:
+            await self.events.record(
+                {**target, "apiVersion": resource.api_version, "kind": resource.kind},
+                "Normal" if ready else "Warning",
+                reason,
+                message,
+            )
+
+
+def targets_controller(local: Cluster, manager: Manager, registry: TargetRegistry) -> Controller:
+    reconciler = TargetsReconciler(local, manager, registry)
+    controller = Controller("targets", reconciler, workers=4)
+    reconciler.controller = controller
+    controller.watch(local, TARGETS)
+    controller.watch(local, CLUSTER_TARGETS)
+
+    def by_secret(cluster: str, secret: dict) -> list[Request]:
+        ref = f"{secret['metadata'].get('namespace')}/{secret['metadata']['name']}"
+        found = reconciler.targets.by_index("secret", ref)
+        found += reconciler.cluster_targets.by_index("secret", ref)
+        return [
+            Request(cluster, t["metadata"].get("namespace", ""), t["metadata"]["name"])
+            for t in found
+        ]
+
+    controller.watch(local, SECRETS, handler=EnqueueMapped(by_secret))
+    return controller

@@ -1,0 +1,1 @@
+"""The virtual kubelet: one node per target, kept alive and truthful by a single writer."""

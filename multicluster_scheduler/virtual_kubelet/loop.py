@@ -1,0 +1,171 @@
+"""One loop per target owns its virtual node: creates it, renews its Lease every 10 s (so the
+controller manager never declares it unreachable while the agent runs), writes its status when
+the target's readiness or summary changes and at least every minute, and deletes it when the
+target goes. Being the only writer of the node's status, it never fights another."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+
+from multicluster import ApiError, Client, Conflict, NotFound
+from multicluster.resources import LEASES, NODES
+
+from ..targets.registry import TargetConnection, TargetRegistry
+from .node import node_labels, node_object, node_status, status_differs
+
+log = logging.getLogger(__name__)
+LEASE_NAMESPACE = "kube-node-lease"
+LEASE_DURATION = 40
+
+
+def _micro_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class NodeLoop:
+    def __init__(
+        self,
+        client: Client,
+        connection: TargetConnection,
+        *,
+        address: str,
+        port: int,
+        lease_interval: float = 10.0,
+        status_interval: float = 60.0,
+    ) -> None:
+        self.client = client
+        self.connection = connection
+        self.name = connection.node_name
+        self.address = address
+        self.port = port
+        self.lease_interval = lease_interval
+        self.status_interval = status_interval
+        self._node: dict | None = None
+        self._lease: dict | None = None
+        self._status_written = 0.0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._sync()
+            except NotFound:
+                self._node = self._lease = None  # deleted behind our back: recreate it
+            except ApiError as e:
+                log.warning("virtual node sync failed node=%s error=%s", self.name, e)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.connection.changed.wait(), self.lease_interval)
+            self.connection.changed.clear()
+
+    async def _sync(self) -> None:
+        summary = self.connection.summary()
+        if self._node is None:
+            try:
+                self._node = await self.client.get(NODES, self.name)
+            except NotFound:
+                self._node = await self.client.create(
+                    NODES, node_object(self.name, self.connection.labels, summary)
+                )
+                log.info("virtual node created node=%s", self.name)
+        labels = node_labels(self.name, self.connection.labels, summary)
+        if (self._node["metadata"].get("labels") or {}) != labels:
+            self._node = await self.client.patch(
+                NODES, self.name, {"metadata": {"labels": labels}}, patch_type="strategic"
+            )
+        await self._renew_lease()
+        desired = node_status(
+            summary,
+            self.connection.ready,
+            self.connection.reason,
+            self.connection.message,
+            address=self.address,
+            port=self.port,
+            previous=self._node.get("status"),
+        )
+        due = time.monotonic() - self._status_written >= self.status_interval
+        if due or status_differs(self._node.get("status"), desired):
+            self._node = await self.client.patch(
+                NODES,
+                self.name,
+                {"status": desired},
+                patch_type="strategic",
+                subresource="status",
+            )
+            self._status_written = time.monotonic()
+
+    async def _renew_lease(self) -> None:
+        spec = {
+            "holderIdentity": self.name,
+            "leaseDurationSeconds": LEASE_DURATION,
+            "renewTime": _micro_now(),
+        }
+        if self._lease is None:
+            try:
+                self._lease = await self.client.get(LEASES, self.name, LEASE_NAMESPACE)
+            except NotFound:
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": self.name,
+                        "namespace": LEASE_NAMESPACE,
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "v1",
+                                "kind": "Node",
+                                "name": self.name,
+                                "uid": self._node["metadata"]["uid"],
+                            }
+                        ],
+                    },
+                    "spec": spec,
+                }
+                self._lease = await self.client.create(LEASES, body, LEASE_NAMESPACE)
+                return
+        self._lease["spec"] = {**(self._lease.get("spec") or {}), **spec}
+        try:
+            self._lease = await self.client.update(LEASES, self._lease)
+        except (Conflict, NotFound):
+            self._lease = None  # read it again next time
+
+    async def delete(self) -> None:
+        """Delete the node (its Lease goes with it: it is owned by the node)."""
+        await self.client.delete(NODES, self.name, missing_ok=True)
+        log.info("virtual node deleted node=%s", self.name)
+
+
+class VirtualKubelet:
+    """Starts a node loop for each target the registry adds; removes the node with the target."""
+
+    def __init__(self, client: Client, registry: TargetRegistry, *, address: str, port: int):
+        self.client = client
+        self.address = address
+        self.port = port
+        self._loops: dict[str, tuple[NodeLoop, asyncio.Task]] = {}
+        registry.on_added(self._added)
+        registry.on_removed(self._removed)
+
+    async def _added(self, connection: TargetConnection) -> None:
+        loop = NodeLoop(self.client, connection, address=self.address, port=self.port)
+        task = asyncio.create_task(loop.run(), name=f"node-{connection.node_name}")
+        self._loops[connection.node_name] = (loop, task)
+
+    async def _removed(self, connection: TargetConnection) -> None:
+        entry = self._loops.pop(connection.node_name, None)
+        if entry is None:
+            return
+        loop, task = entry
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        try:
+            await loop.delete()
+        except ApiError as e:
+            log.warning("could not delete virtual node node=%s error=%s", loop.name, e)
+
+    async def stop(self) -> None:
+        for _, task in self._loops.values():
+            task.cancel()
+        await asyncio.gather(*(t for _, t in self._loops.values()), return_exceptions=True)

@@ -1,0 +1,135 @@
+"""The virtual node of a target: what it looks like (pure functions, no I/O).
+
+Proxy pods are bound to these nodes. The provider label and NoSchedule taint keep other pods
+away; the target's labels and the labels common to all its real nodes (its region, say) let
+users and schedulers tell targets apart; capacity and allocatable come from its summary.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from .. import __version__
+from ..api import keys
+
+ROLE_LABEL = "kubernetes.io/role"
+EXCLUDE_FROM_LB = "node.kubernetes.io/exclude-from-external-load-balancers"
+PER_NODE_LABELS = ("kubernetes.io/hostname",)
+
+
+def common_labels(summary: dict | None) -> dict[str, str]:
+    """Labels that every real node of the target carries, with the same value."""
+    groups = (summary or {}).get("nodeGroups") or []
+    if not groups:
+        return {}
+    shared = dict(groups[0].get("labels") or {})
+    for group in groups[1:]:
+        labels = group.get("labels") or {}
+        shared = {k: v for k, v in shared.items() if labels.get(k) == v}
+    return {k: v for k, v in shared.items() if k not in PER_NODE_LABELS}
+
+
+def node_labels(name: str, target_labels: dict[str, str], summary: dict | None) -> dict[str, str]:
+    return {
+        **common_labels(summary),
+        "type": "virtual-kubelet",
+        ROLE_LABEL: "cluster",
+        EXCLUDE_FROM_LB: "",
+        keys.PROVIDER_KEY: keys.PROVIDER,
+        "kubernetes.io/hostname": name,
+        **target_labels,
+    }
+
+
+def node_object(name: str, target_labels: dict[str, str], summary: dict | None) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": node_labels(name, target_labels, summary)},
+        "spec": {
+            "taints": [{"key": keys.PROVIDER_KEY, "value": keys.PROVIDER, "effect": "NoSchedule"}]
+        },
+    }
+
+
+def node_status(
+    summary: dict | None,
+    ready: bool,
+    reason: str,
+    message: str,
+    *,
+    address: str,
+    port: int,
+    previous: dict | None = None,
+    now: dt.datetime | None = None,
+) -> dict[str, Any]:
+    """The node's status; transition times carried over from ``previous`` when unchanged."""
+    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    old = {c["type"]: c for c in (previous or {}).get("conditions") or ()}
+
+    def condition(kind: str, status: str, why: str, text: str) -> dict:
+        before = old.get(kind)
+        return {
+            "type": kind,
+            "status": status,
+            "reason": why,
+            "message": text,
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": before["lastTransitionTime"]
+            if before and before.get("status") == status
+            else stamp,
+        }
+
+    resources = {
+        "capacity": dict((summary or {}).get("capacity") or {}),
+        "allocatable": dict((summary or {}).get("allocatable") or {}),
+    }
+    return {
+        **resources,
+        "conditions": [
+            condition(
+                "Ready",
+                "True" if ready else "False",
+                "TargetReady" if ready else f"Target{reason}",
+                message,
+            ),
+            condition("MemoryPressure", "False", "TargetHasSufficientMemory", ""),
+            condition("DiskPressure", "False", "TargetHasNoDiskPressure", ""),
+            condition("PIDPressure", "False", "TargetHasSufficientPID", ""),
+        ],
+        "addresses": [{"type": "InternalIP", "address": address}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+        "nodeInfo": {
+            "architecture": "amd64",
+            "operatingSystem": "linux",
+            "kubeletVersion": f"multicluster-scheduler-{__version__}",
+            "kubeProxyVersion": "",
+            "containerRuntimeVersion": "",
+            "kernelVersion": "",
+            "osImage": "",
+            "machineID": "",
+            "systemUUID": "",
+            "bootID": "",
+        },
+    }
+
+
+def status_differs(current: dict | None, desired: dict) -> bool:
+    """Whether anything users or schedulers read changed (heartbeats aside)."""
+    if current is None:
+        return True
+
+    def essence(status: dict) -> tuple:
+        conditions = sorted(
+            (c.get("type"), c.get("status"), c.get("reason"), c.get("message") or "")
+            for c in status.get("conditions") or ()
+        )
+        return (
+            status.get("capacity") or {},
+            status.get("allocatable") or {},
+            conditions,
+            status.get("addresses") or [],
+        )
+
+    return essence(current) != essence(desired)
