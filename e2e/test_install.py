@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -194,6 +195,42 @@ def test_each_cluster_publishes_its_summary(
     )
     assert summary(context)["allocatable"]["cpu"] == "24", "virtual nodes are not counted"
     kubectl(context, "delete", "node", "admiralty-namespace-default-elsewhere")
+
+
+def test_summary_writes_stay_rare_under_pod_churn(
+    installation: Installation, kubectl: Kubectl, namespace: str
+):
+    context = "cluster1"
+
+    def writes() -> float:
+        for line in metrics_of(installation, context).splitlines():
+            if line.startswith("multicluster_scheduler_summary_writes_total "):
+                return float(line.split()[-1])
+        return 0.0
+
+    before, started = writes(), time.monotonic()
+    kubectl(
+        context, "create", "deployment", "churn", "-n", namespace, "--image=nginx", "--replicas=60"
+    )
+    kubectl(
+        context, "set", "resources", "deployment", "churn", "-n", namespace, "--requests=cpu=10m"
+    )
+    kubectl(
+        context,
+        "wait",
+        "deployment/churn",
+        "-n",
+        namespace,
+        "--for=condition=Available",
+        "--timeout=60s",
+    )
+    kubectl(context, "scale", "deployment", "churn", "-n", namespace, "--replicas=0")
+    kubectl(context, "delete", "deployment", "churn", "-n", namespace)
+    time.sleep(2)
+    elapsed = time.monotonic() - started
+    written = writes() - before
+    print(f"{written:.0f} summary writes in {elapsed:.1f}s of churn over 120 pod changes")
+    assert 1 <= written <= elapsed + 2
 
 
 def test_a_helm_upgrade_that_resets_the_ca_bundle_is_repaired(

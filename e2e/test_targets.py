@@ -82,6 +82,16 @@ def kubeconfig_for(testbed: TestBed, token: str, server: str | None = None) -> s
     )
 
 
+_kubectl: Kubectl | None = None
+
+
+def unbound_token(namespace: str) -> str:
+    """A valid identity in the target that nobody bound to the summary viewer role."""
+    assert _kubectl is not None
+    _kubectl(TARGET, "create", "serviceaccount", "unbound", "-n", namespace)
+    return _kubectl(TARGET, "create", "token", "unbound", "-n", namespace).strip()
+
+
 def secret(name: str, namespace: str, data: dict[str, str]) -> dict:
     return {
         "apiVersion": "v1",
@@ -118,6 +128,8 @@ def node_ready(kubectl: Kubectl, name: str) -> str | None:
 
 @pytest.fixture
 def connected(installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str):
+    global _kubectl
+    _kubectl = kubectl
     grant_source(kubectl, namespace)
     token = kubectl(TARGET, "create", "token", "c1", "-n", namespace, "--duration=2h").strip()
     kubectl.apply(SOURCE, secret("c2", namespace, {"config": kubeconfig_for(testbed, token)}))

@@ -13,7 +13,9 @@ import asyncio
 import logging
 import re
 
-from multicluster import Cluster, Controller, EnqueueMapped, Request
+from prometheus_client import Counter
+
+from multicluster import Cluster, Controller, EnqueueMapped, Request, metrics
 from multicluster.resources import NODES, PODS
 
 from ..api import keys
@@ -23,6 +25,11 @@ from .compute import slim_node, slim_pod, summarize
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "multicluster-scheduler-summary"
 SINGLETON = f"metadata.name={keys.CLUSTER_SUMMARY_NAME}"
+SUMMARY_WRITES = Counter(
+    "multicluster_scheduler_summary_writes_total",
+    "ClusterSummary writes (at most about one a second, however busy the cluster).",
+    registry=metrics.REGISTRY,
+)
 
 
 class SummaryReconciler:
@@ -55,6 +62,7 @@ class SummaryReconciler:
             field_manager=FIELD_MANAGER,
             force=True,
         )
+        SUMMARY_WRITES.inc()
         log.info(
             "cluster summary written cluster=%s nodes=%d groups=%d",
             self.cluster.name,
