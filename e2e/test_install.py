@@ -209,11 +209,29 @@ def test_summary_writes_stay_rare_under_pod_churn(
         return 0.0
 
     before, started = writes(), time.monotonic()
-    kubectl(
-        context, "create", "deployment", "churn", "-n", namespace, "--image=nginx", "--replicas=60"
-    )
-    kubectl(
-        context, "set", "resources", "deployment", "churn", "-n", namespace, "--requests=cpu=10m"
+    kubectl.apply(
+        context,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "churn", "namespace": namespace},
+            "spec": {
+                "replicas": 60,
+                "selector": {"matchLabels": {"app": "churn"}},
+                "template": {
+                    "metadata": {"labels": {"app": "churn"}},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "c",
+                                "image": "nginx",
+                                "resources": {"requests": {"cpu": "10m"}},
+                            }
+                        ]
+                    },
+                },
+            },
+        },
     )
     kubectl(
         context,
@@ -222,7 +240,8 @@ def test_summary_writes_stay_rare_under_pod_churn(
         "-n",
         namespace,
         "--for=condition=Available",
-        "--timeout=60s",
+        "--timeout=150s",
+        timeout=180,
     )
     kubectl(context, "scale", "deployment", "churn", "-n", namespace, "--replicas=0")
     kubectl(context, "delete", "deployment", "churn", "-n", namespace)
@@ -283,8 +302,30 @@ def test_a_dead_agent_is_restarted_as_its_deployment_would_be(installation: Inst
     )
 
 
-def test_uninstall_leaves_nothing_of_ours_behind(installation: Installation, kubectl: Kubectl):
+def test_uninstall_leaves_nothing_of_ours_behind(
+    installation: Installation, kubectl: Kubectl, namespace: str
+):
+    kubectl.apply(
+        "cluster1",
+        {
+            "apiVersion": "multicluster.admiralty.io/v1alpha1",
+            "kind": "Target",
+            "metadata": {"name": "me", "namespace": namespace},
+            "spec": {"self": True},
+        },
+    )
+    virtual = f"admiralty-namespace-{namespace}-me"
+    wait_for(
+        lambda: kubectl.run("cluster1", "get", "node", virtual, check=False).returncode == 0,
+        timeout=15,
+        what="a virtual node",
+    )
     installation.uninstall()
+    wait_for(
+        lambda: kubectl.run("cluster1", "get", "node", virtual, check=False).returncode != 0,
+        timeout=30,
+        what="the virtual node garbage-collected after uninstall",
+    )
     for context in CONTEXTS:
         leftovers = kubectl(
             context,

@@ -289,7 +289,7 @@ def test_a_stopped_target_api_server_makes_its_node_not_ready(
         assert ready(kubectl, "target", "c2", namespace)[1] == "Unreachable"
     finally:
         target.start("kube-apiserver")
-        target.wait_apiserver_ready()
+        target.wait_settled()
     wait_for(lambda: node_ready(kubectl, name) == "True", 60, what="Ready again")
     taints = {t["key"] for t in node(kubectl, name)["spec"].get("taints") or ()}
     assert "node.kubernetes.io/unreachable" not in taints

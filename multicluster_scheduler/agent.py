@@ -26,7 +26,7 @@ from multicluster.config import ConfigError
 from .summary.controller import summary_controller
 from .targets.controller import targets_controller
 from .targets.registry import TargetRegistry
-from .virtual_kubelet.loop import VirtualKubelet
+from .virtual_kubelet.loop import VirtualKubelet, release_owner
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
 from .webhook.server import WebhookServer
 
@@ -190,7 +190,11 @@ async def run(settings: AgentSettings) -> None:
     registry = TargetRegistry()
     manager.add_controller(targets_controller(cluster, manager, registry))
     VirtualKubelet(
-        cluster.client, registry, address=settings.node_address, port=settings.kubelet_port
+        cluster.client,
+        registry,
+        address=settings.node_address,
+        port=settings.kubelet_port,
+        owner=await release_owner(cluster.client, settings.name),
     )
     with tempfile.TemporaryDirectory(prefix="webhook-") as scratch:
         if settings.self_managed_certificates:

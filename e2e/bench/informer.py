@@ -222,6 +222,8 @@ async def orchestrate(args: argparse.Namespace, kubeconfig: str, context: str) -
             results.append(result)
         return results
     finally:
+        if not args.keep:
+            await cluster.client.delete(NAMESPACES, NAMESPACE, missing_ok=True)
         await cluster.stop()
 
 
@@ -231,6 +233,9 @@ def main() -> int:
     parser.add_argument("--kubeconfig")
     parser.add_argument("--context", default="bench")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the pods (and reuse them on the next run)"
+    )
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()

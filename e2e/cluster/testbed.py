@@ -294,6 +294,25 @@ class Cluster:
         """Block until /readyz answers ok (call from a thread when an event loop must run)."""
         wait_for(self.apiserver_ready, timeout, what=f"{self.name} API server ready")
 
+    def settled(self) -> bool:
+        """API server ready, every fake node Ready and free of the node controller's taints
+        (after an API server restart, stale leases can taint nodes for a moment)."""
+        if not self.apiserver_ready() or not self.ready():
+            return False
+        for node in self.rest.get("/api/v1/nodes")["items"]:
+            if FAKE_NODE_ANNOTATION not in (node["metadata"].get("annotations") or {}):
+                continue
+            taints = (node.get("spec") or {}).get("taints") or ()
+            if any(t["key"].startswith("node.kubernetes.io/") for t in taints):
+                return False
+        return True
+
+    def wait_settled(self, timeout: float = 90.0) -> None:
+        """Block until :meth:`settled` (from a thread when an event loop must keep running;
+        but start and stop components from the main thread: they die with the thread that
+        started them)."""
+        wait_for(self.settled, timeout, what=f"{self.name} settled")
+
     def etcd_revision(self) -> int:
         body = json.dumps({"key": "Lw=="}).encode()  # base64 of "/"
         req = urllib.request.Request(

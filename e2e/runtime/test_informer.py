@@ -128,7 +128,7 @@ async def test_relist_after_410_emits_deletes_for_what_vanished(
     await asyncio.to_thread(bed_cluster.compact_etcd)
     bed_cluster.stop("kube-apiserver")
     bed_cluster.start("kube-apiserver")
-    await asyncio.to_thread(bed_cluster.wait_apiserver_ready)
+    await asyncio.to_thread(bed_cluster.wait_settled)
 
     gone = metrics.WATCH_RESTARTS.labels("cluster2", "configmaps", "gone")
     gone_before = gone._value.get()
@@ -156,7 +156,7 @@ async def test_informer_reconnects_after_the_api_server_restarts(
     bed_cluster.stop("kube-apiserver")
     await asyncio.sleep(1)
     bed_cluster.start("kube-apiserver")
-    await asyncio.to_thread(bed_cluster.wait_apiserver_ready)
+    await asyncio.to_thread(bed_cluster.wait_settled)
     await cluster.client.create(CONFIGMAPS, configmap("after-restart", namespace))
     await recorder.wait(ADDED, "after-restart", timeout=40)
     assert informer.running

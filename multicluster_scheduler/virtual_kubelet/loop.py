@@ -11,7 +11,7 @@ import datetime as dt
 import logging
 import time
 
-from multicluster import ApiError, Client, Conflict, NotFound
+from multicluster import ApiError, Client, Conflict, NotFound, Resource
 from multicluster.resources import LEASES, NODES
 
 from ..targets.registry import TargetConnection, TargetRegistry
@@ -19,6 +19,9 @@ from .node import node_labels, node_object, node_status, status_differs
 
 log = logging.getLogger(__name__)
 LEASE_NAMESPACE = "kube-node-lease"
+CLUSTER_ROLES = Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
+)
 LEASE_DURATION = 40
 
 
@@ -36,8 +39,10 @@ class NodeLoop:
         port: int,
         lease_interval: float = 10.0,
         status_interval: float = 60.0,
+        owner: dict | None = None,
     ) -> None:
         self.client = client
+        self.owner = owner
         self.connection = connection
         self.name = connection.node_name
         self.address = address
@@ -67,13 +72,19 @@ class NodeLoop:
                 self._node = await self.client.get(NODES, self.name)
             except NotFound:
                 self._node = await self.client.create(
-                    NODES, node_object(self.name, self.connection.labels, summary)
+                    NODES, node_object(self.name, self.connection.labels, summary, self.owner)
                 )
                 log.info("virtual node created node=%s", self.name)
         labels = node_labels(self.name, self.connection.labels, summary)
-        if (self._node["metadata"].get("labels") or {}) != labels:
+        meta = self._node["metadata"]
+        patch: dict = {}
+        if (meta.get("labels") or {}) != labels:
+            patch["labels"] = labels
+        if self.owner and self.owner not in (meta.get("ownerReferences") or []):
+            patch["ownerReferences"] = [self.owner]
+        if patch:
             self._node = await self.client.patch(
-                NODES, self.name, {"metadata": {"labels": labels}}, patch_type="strategic"
+                NODES, self.name, {"metadata": patch}, patch_type="strategic"
             )
         await self._renew_lease()
         desired = node_status(
@@ -140,16 +151,27 @@ class NodeLoop:
 class VirtualKubelet:
     """Starts a node loop for each target the registry adds; removes the node with the target."""
 
-    def __init__(self, client: Client, registry: TargetRegistry, *, address: str, port: int):
+    def __init__(
+        self,
+        client: Client,
+        registry: TargetRegistry,
+        *,
+        address: str,
+        port: int,
+        owner: dict | None = None,
+    ) -> None:
         self.client = client
         self.address = address
         self.port = port
+        self.owner = owner
         self._loops: dict[str, tuple[NodeLoop, asyncio.Task]] = {}
         registry.on_added(self._added)
         registry.on_removed(self._removed)
 
     async def _added(self, connection: TargetConnection) -> None:
-        loop = NodeLoop(self.client, connection, address=self.address, port=self.port)
+        loop = NodeLoop(
+            self.client, connection, address=self.address, port=self.port, owner=self.owner
+        )
         task = asyncio.create_task(loop.run(), name=f"node-{connection.node_name}")
         self._loops[connection.node_name] = (loop, task)
 
@@ -169,3 +191,22 @@ class VirtualKubelet:
         for _, task in self._loops.values():
             task.cancel()
         await asyncio.gather(*(t for _, t in self._loops.values()), return_exceptions=True)
+
+
+async def release_owner(client: Client, cluster_role: str) -> dict | None:
+    """An owner reference to the release's ClusterRole, or None (with a warning) without one."""
+    try:
+        role = await client.get(CLUSTER_ROLES, cluster_role)
+    except ApiError as e:
+        log.warning(
+            "virtual nodes get no owner (they will outlive an uninstall): clusterrole %s: %s",
+            cluster_role,
+            e,
+        )
+        return None
+    return {
+        "apiVersion": CLUSTER_ROLES.api_version,
+        "kind": CLUSTER_ROLES.kind,
+        "name": cluster_role,
+        "uid": role["metadata"]["uid"],
+    }

@@ -42,11 +42,18 @@ def node_labels(name: str, target_labels: dict[str, str], summary: dict | None) 
     }
 
 
-def node_object(name: str, target_labels: dict[str, str], summary: dict | None) -> dict:
+def node_object(
+    name: str, target_labels: dict[str, str], summary: dict | None, owner: dict | None = None
+) -> dict:
+    """``owner``: an owner reference to a cluster-scoped object of the release (so that
+    uninstalling garbage-collects the node even if no agent is left to delete it)."""
+    metadata: dict[str, Any] = {"name": name, "labels": node_labels(name, target_labels, summary)}
+    if owner:
+        metadata["ownerReferences"] = [owner]
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": node_labels(name, target_labels, summary)},
+        "metadata": metadata,
         "spec": {
             "taints": [{"key": keys.PROVIDER_KEY, "value": keys.PROVIDER, "effect": "NoSchedule"}]
         },
