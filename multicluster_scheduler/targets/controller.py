@@ -39,6 +39,37 @@ RECHECK_READY = 10.0
 RECHECK_NOT_READY = 2.0
 
 
+# Secrets that never hold a kubeconfig: cached without their data (Helm keeps whole releases in
+# its Secrets, often hundreds of KiB each).
+DATALESS_SECRET_TYPES = frozenset(
+    {
+        "helm.sh/release.v1",
+        "kubernetes.io/service-account-token",
+        "kubernetes.io/dockerconfigjson",
+        "kubernetes.io/dockercfg",
+        "kubernetes.io/tls",
+        "kubernetes.io/ssh-auth",
+        "kubernetes.io/basic-auth",
+        "bootstrap.kubernetes.io/token",
+    }
+)
+
+
+def slim_secret(secret: dict) -> dict:
+    meta = secret["metadata"]
+    slim = {
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta.get("namespace"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": secret.get("type"),
+    }
+    if secret.get("type") not in DATALESS_SECRET_TYPES:
+        slim["data"] = secret.get("data") or {}
+    return slim
+
+
 def secret_reference(target: dict) -> str | None:
     """``namespace/name`` of the kubeconfig Secret a Target or ClusterTarget uses."""
     ref = (target.get("spec") or {}).get("kubeconfigSecret")
@@ -86,7 +117,7 @@ class TargetsReconciler:
         self.registry = registry
         self.targets = local.informer(TARGETS)
         self.cluster_targets = local.informer(CLUSTER_TARGETS)
-        self.secrets = local.informer(SECRETS)
+        self.secrets = local.informer(SECRETS, transform=slim_secret)
         for informer in (self.targets, self.cluster_targets):
             informer.add_indexer("secret", lambda t: [r] if (r := secret_reference(t)) else [])
         self.events = EventRecorder(local.client, "multicluster-scheduler")
@@ -258,5 +289,5 @@ def targets_controller(local: Cluster, manager: Manager, registry: TargetRegistr
             for t in found
         ]
 
-    controller.watch(local, SECRETS, handler=EnqueueMapped(by_secret))
+    controller.watch(local, SECRETS, handler=EnqueueMapped(by_secret), transform=slim_secret)
     return controller
