@@ -18,7 +18,6 @@ from multicluster_scheduler.webhook.certificates import (
     new_serving_certificate,
     service_hosts,
 )
-from multicluster_scheduler.webhook.server import WebhookServer
 
 
 def test_serving_certificate_chains_to_the_ca_with_service_names_and_ips():
@@ -67,27 +66,13 @@ def _served_serial(port: int, ca_pem: bytes) -> int:
         return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
 
 
-async def test_a_renewed_certificate_is_served_without_restart(tmp_path):
-    ca = new_ca("test-ca")
-    first, second = (new_serving_certificate(ca, ["127.0.0.1"]) for _ in range(2))
-    (tmp_path / "tls.crt").write_bytes(first.cert_pem)
-    (tmp_path / "tls.key").write_bytes(first.key_pem)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = WebhookServer("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key")
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(10):
-            while not server.started:
-                await asyncio.sleep(0.02)
-        served = await asyncio.to_thread(_served_serial, port, ca.cert_pem)
-        assert served == first.certificate.serial_number
-        (tmp_path / "tls.crt").write_bytes(second.cert_pem)
-        (tmp_path / "tls.key").write_bytes(second.key_pem)
-        server.reload_certificate(tmp_path / "tls.crt", tmp_path / "tls.key")
-        served = await asyncio.to_thread(_served_serial, port, ca.cert_pem)
-        assert served == second.certificate.serial_number
-    finally:
-        server.server.should_exit = True
-        await task
+async def test_a_renewed_certificate_is_served_without_restart(served):
+    ca, port, cert_dir = served.ca, served.port, served.cert_dir
+    second = new_serving_certificate(ca, ["127.0.0.1"])
+    serial = await asyncio.to_thread(_served_serial, port, ca.cert_pem)
+    assert serial == served.first.certificate.serial_number
+    (cert_dir / "tls.crt").write_bytes(second.cert_pem)
+    (cert_dir / "tls.key").write_bytes(second.key_pem)
+    served.server.reload_certificate(cert_dir / "tls.crt", cert_dir / "tls.key")
+    serial = await asyncio.to_thread(_served_serial, port, ca.cert_pem)
+    assert serial == second.certificate.serial_number

@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import ssl
 
 import aiohttp
 import pytest
 
-from multicluster_scheduler.webhook.certificates import new_ca, new_serving_certificate
-from multicluster_scheduler.webhook.server import WebhookServer
-
 
 @pytest.fixture
-async def webhook(tmp_path):
-    ca = new_ca("test-ca")
-    serving = new_serving_certificate(ca, ["127.0.0.1"])
-    (tmp_path / "tls.crt").write_bytes(serving.cert_pem)
-    (tmp_path / "tls.key").write_bytes(serving.key_pem)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = WebhookServer("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key")
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(10):
-        while not server.started:
-            await asyncio.sleep(0.02)
-    context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+async def webhook(served):
+    context = ssl.create_default_context(cadata=served.ca.cert_pem.decode())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
-        yield session, f"https://127.0.0.1:{port}/mutate"
-    server.server.should_exit = True
-    await task
+        yield session, f"https://127.0.0.1:{served.port}/mutate"
 
 
 async def test_a_review_is_answered_with_its_uid(webhook):
