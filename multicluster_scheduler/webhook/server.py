@@ -1,8 +1,11 @@
 """The webhook's HTTPS server: FastAPI on uvicorn, inside the agent's event loop.
 
-Requests are parsed raw with orjson (no model per request) and never wait on an API call. Until
-the mutation lands, ``/mutate`` admits every pod unchanged; a body that is not an
-AdmissionReview is refused with a 400 that says why, never a 500.
+``/mutate`` answers the API server's AdmissionReviews for pods: an elected pod, on CREATE, is
+admitted with the JSON patch that makes it a proxy pod (see ``mutation``); any other request is
+admitted unchanged. This is on the path of every pod creation in enabled namespaces, so requests
+are parsed raw with orjson (no model per request) and never wait on an API call. A pod that
+cannot be patched is refused in the review (allowed false, code 400, the reason), and a body
+that is not an AdmissionReview at all gets an HTTP 400 that says why: never a 500.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import contextlib
 import logging
 import ssl
 from pathlib import Path
+from typing import Any
 
 import orjson
 import uvicorn
@@ -19,35 +23,82 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from multicluster import metrics
+from multicluster_scheduler.webhook.mutation import is_elected, mutation_patch
 
 log = logging.getLogger(__name__)
 
+RESULTS = ("allowed", "patched", "refused", "malformed")
 
-def review_response(uid: str, *, allowed: bool = True, patch: bytes | None = None) -> dict:
-    response: dict = {"uid": uid, "allowed": allowed}
+
+def review_response(
+    uid: str, *, allowed: bool = True, patch: bytes | None = None, status: dict | None = None
+) -> dict:
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if patch is not None:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(patch).decode()
+    if status is not None:
+        response["status"] = status
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def answer_review(body: bytes) -> tuple[str, dict]:
+    """Answer one AdmissionReview: the result (allowed, patched or refused) and the review.
+
+    Raises ValueError when ``body`` is not an AdmissionReview (not JSON, no request.uid).
+    """
+    try:
+        request = orjson.loads(body)["request"]
+        uid = request["uid"]
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e}") from None
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    if not isinstance(uid, str):
+        raise ValueError("request.uid is not a string")
+    kind = request.get("kind")
+    if (
+        not isinstance(kind, dict)
+        or kind.get("kind") != "Pod"
+        or request.get("operation") != "CREATE"
+    ):
+        return "allowed", review_response(uid)
+    pod = request.get("object")
+    try:
+        if pod is None:
+            raise ValueError("the request has no object")
+        if not is_elected(pod):
+            return "allowed", review_response(uid)
+        ops = mutation_patch(pod)
+    except ValueError as e:
+        log.warning(
+            "pod refused namespace=%s name=%s reason=%s",
+            request.get("namespace"),
+            request.get("name"),
+            e,
+        )
+        return "refused", review_response(
+            uid, allowed=False, status={"code": 400, "message": str(e)}
+        )
+    if not ops:
+        return "allowed", review_response(uid)
+    return "patched", review_response(uid, patch=orjson.dumps(ops))
 
 
 def create_app() -> FastAPI:
     app = FastAPI(title="multicluster-scheduler webhook", docs_url=None, redoc_url=None)
-    allowed = metrics.WEBHOOK_REQUESTS.labels("proxy-pods", "allowed")
-    malformed = metrics.WEBHOOK_REQUESTS.labels("proxy-pods", "malformed")
+    counters = {result: metrics.WEBHOOK_REQUESTS.labels("proxy-pods", result) for result in RESULTS}
 
     @app.post("/mutate")
     async def mutate(request: Request) -> Response:
-        body = await request.body()
         try:
-            review = orjson.loads(body)
-            uid = review["request"]["uid"]
-        except (orjson.JSONDecodeError, KeyError, TypeError) as e:
-            malformed.inc()
-            message = f"not an AdmissionReview: {type(e).__name__}: {e}"
+            result, review = answer_review(await request.body())
+        except ValueError as e:
+            counters["malformed"].inc()
+            message = f"not an AdmissionReview: {e}"
             return Response(orjson.dumps({"error": message}), 400, media_type="application/json")
-        allowed.inc()
-        return Response(orjson.dumps(review_response(uid)), media_type="application/json")
+        counters[result].inc()
+        return Response(orjson.dumps(review), media_type="application/json")
 
     return app
 

@@ -1,0 +1,173 @@
+"""How an elected pod becomes a proxy pod: the admission webhook's one decision, as pure functions.
+
+The proxy pod stays in the source cluster and is scheduled by the proxy scheduler onto a virtual
+node; the delegate that really runs is built later from the pod as the user wrote it. So the
+mutation saves the pod as received, then pins the proxy to virtual nodes and lets go of it
+quickly. It is kept apart from the server so that every step, and idempotence (the API server
+may call a webhook again), is tested without a cluster or a socket.
+
+The result is a list of RFC 6902 operations, emitted only for fields that differ from the proxy
+form: mutating an already mutated pod yields an empty list.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+from multicluster_scheduler.api import keys
+
+# Kubernetes' own taints, set by the node lifecycle controller.
+NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+
+# Without tolerationSeconds: a proxy is never evicted when its virtual node goes NotReady or
+# unreachable (a target that is down); it keeps its last known status instead.
+PROXY_TOLERATIONS: Final[tuple[dict[str, str], ...]] = (
+    {"key": keys.PROVIDER_KEY, "operator": "Equal", "value": keys.PROVIDER},
+    {"key": NETWORK_UNAVAILABLE_TAINT, "operator": "Exists"},
+    {"key": NOT_READY_TAINT, "operator": "Exists", "effect": "NoExecute"},
+    {"key": UNREACHABLE_TAINT, "operator": "Exists", "effect": "NoExecute"},
+)
+PROXY_NODE_SELECTOR: Final[dict[str, str]] = {keys.PROVIDER_KEY: keys.PROVIDER}
+HAS_FINALIZER_VALUE = "true"
+REMOVED_SPEC_FIELDS = ("affinity", "topologySpreadConstraints")
+
+
+def is_elected(pod: dict) -> bool:
+    """Whether the pod opted in (the elect annotation, whatever its value).
+
+    Raises ValueError when the pod, its metadata or its annotations are not objects.
+    """
+    metadata = _object(_pod(pod).get("metadata"), "metadata")
+    return keys.ELECT in _object(metadata.get("annotations"), "metadata.annotations")
+
+
+def mutation_patch(pod: dict) -> list[dict]:
+    """The JSON patch that turns ``pod`` into a proxy pod; empty when it already is one.
+
+    Raises ValueError when ``pod`` cannot be patched (not an object, metadata or spec not
+    objects, annotations or labels not maps of strings, finalizers not a list of strings).
+    """
+    pod = _pod(pod)
+    return _metadata_patch(pod) + _spec_patch(pod)
+
+
+def _metadata_patch(pod: dict) -> list[dict]:
+    if pod.get("metadata") is None:
+        metadata = {
+            "annotations": {keys.SOURCEPOD_MANIFEST: _manifest(pod)},
+            "labels": {keys.HAS_FINALIZER: HAS_FINALIZER_VALUE},
+            "finalizers": [keys.FINALIZER],
+        }
+        return [_op("add", "/metadata", metadata)]
+    metadata = _object(pod["metadata"], "metadata")
+    annotations = _string_map(metadata.get("annotations"), "metadata.annotations")
+    labels = _string_map(metadata.get("labels"), "metadata.labels")
+    finalizers = _string_list(metadata.get("finalizers"), "metadata.finalizers")
+
+    ops = []
+    if keys.SOURCEPOD_MANIFEST not in annotations:
+        ops.append(_set_entry(metadata, "annotations", keys.SOURCEPOD_MANIFEST, _manifest(pod)))
+    if labels.get(keys.HAS_FINALIZER) != HAS_FINALIZER_VALUE:
+        ops.append(_set_entry(metadata, "labels", keys.HAS_FINALIZER, HAS_FINALIZER_VALUE))
+    if keys.FINALIZER not in finalizers:
+        if metadata.get("finalizers") is None:
+            ops.append(_op("add", "/metadata/finalizers", [keys.FINALIZER]))
+        else:
+            ops.append(_op("add", "/metadata/finalizers/-", keys.FINALIZER))
+    return ops
+
+
+def _set_entry(metadata: dict, field: str, key: str, value: str) -> dict:
+    """Set ``key`` in the map ``metadata[field]``, adding the map if it is missing."""
+    entries = metadata.get(field)
+    if entries is None:
+        return _op("add", f"/metadata/{field}", {key: value})
+    return _op("replace" if key in entries else "add", _path(f"/metadata/{field}", key), value)
+
+
+def _spec_patch(pod: dict) -> list[dict]:
+    spec = _object(pod.get("spec"), "spec")
+    wanted: dict[str, Any] = {}
+    tolerations = [dict(toleration) for toleration in PROXY_TOLERATIONS]
+    if spec.get("tolerations") != tolerations:
+        wanted["tolerations"] = tolerations
+    if spec.get("schedulerName") != keys.PROXY_SCHEDULER_NAME:
+        wanted["schedulerName"] = keys.PROXY_SCHEDULER_NAME
+    if spec.get("nodeSelector") != PROXY_NODE_SELECTOR:
+        wanted["nodeSelector"] = dict(PROXY_NODE_SELECTOR)
+    grace = spec.get("terminationGracePeriodSeconds")
+    if type(grace) is not int or grace != 0:  # strictly: false and 0.0 are not 0
+        wanted["terminationGracePeriodSeconds"] = 0
+    if pod.get("spec") is None:
+        return [_op("add", "/spec", wanted)]
+
+    ops = [_op("replace" if f in spec else "add", f"/spec/{f}", v) for f, v in wanted.items()]
+    ops.extend({"op": "remove", "path": f"/spec/{f}"} for f in REMOVED_SPEC_FIELDS if f in spec)
+    return ops
+
+
+def _manifest(pod: dict) -> str:
+    try:
+        return orjson.dumps(pod).decode()
+    except orjson.JSONEncodeError as e:
+        raise ValueError(f"pod cannot be saved as JSON: {e}") from None
+
+
+def _op(op: str, path: str, value: Any) -> dict:
+    return {"op": op, "path": path, "value": value}
+
+
+def _path(parent: str, key: str) -> str:
+    """A JSON pointer to ``key`` of the object at ``parent`` (RFC 6901 escaping)."""
+    return f"{parent}/{key.replace('~', '~0').replace('/', '~1')}"
+
+
+def _pod(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"the object is not a pod but {_json_type(value)}")
+    return value
+
+
+def _object(value: Any, what: str) -> dict:
+    """``value`` as an object; missing or null counts as empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is not an object but {_json_type(value)}")
+    return value
+
+
+def _string_map(value: Any, what: str) -> dict[str, str]:
+    value = _object(value, what)
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise ValueError(f"{what} is not a map of strings: {key!r} is {_json_type(item)}")
+    return value
+
+
+def _string_list(value: Any, what: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"{what} is not a list of strings")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
