@@ -3,7 +3,6 @@ time: the guide's "Connecting Source and Target Clusters", with RBAC made by han
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 
@@ -13,73 +12,10 @@ from e2e.cluster import TestBed, wait_for
 from e2e.cluster.install import Installation
 from e2e.kubectl import Kubectl
 from e2e.manifests import guide
+from e2e.topology import disconnect, grant_source, kubeconfig_for, node_ready, secret
 
 SOURCE, TARGET = "cluster1", "cluster2"
 PROVIDER = "virtual-kubelet.io/provider=admiralty"
-
-
-def grant_source(kubectl: Kubectl, namespace: str) -> None:
-    """The guide's alternative to the Source controller: a service account and bindings."""
-    kubectl.apply(
-        TARGET,
-        f"""apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: c1
-  namespace: {namespace}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata:
-  name: admiralty-source-c1
-  namespace: {namespace}
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: multicluster-scheduler-source
-subjects:
-  - kind: ServiceAccount
-    name: c1
-    namespace: {namespace}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: admiralty-source-{namespace}-c1-cluster-summary-viewer
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: multicluster-scheduler-cluster-summary-viewer
-subjects:
-  - kind: ServiceAccount
-    name: c1
-    namespace: {namespace}
-""",
-    )
-
-
-def kubeconfig_for(testbed: TestBed, token: str, server: str | None = None) -> str:
-    cluster = testbed[TARGET]
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "c2",
-                    "cluster": {
-                        "server": server or cluster.server,
-                        "certificate-authority-data": base64.b64encode(
-                            cluster.ca.cert_pem
-                        ).decode(),
-                    },
-                }
-            ],
-            "users": [{"name": "c1", "user": {"token": token}}],
-            "contexts": [{"name": "c2", "context": {"cluster": "c2", "user": "c1"}}],
-            "current-context": "c2",
-        }
-    )
 
 
 _kubectl: Kubectl | None = None
@@ -90,15 +26,6 @@ def unbound_token(namespace: str) -> str:
     assert _kubectl is not None
     _kubectl(TARGET, "create", "serviceaccount", "unbound", "-n", namespace)
     return _kubectl(TARGET, "create", "token", "unbound", "-n", namespace).strip()
-
-
-def secret(name: str, namespace: str, data: dict[str, str]) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace},
-        "stringData": data,
-    }
 
 
 def ready(kubectl: Kubectl, kind: str, name: str, namespace: str) -> tuple[str, str] | None:
@@ -116,16 +43,6 @@ def node(kubectl: Kubectl, name: str) -> dict | None:
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 
-def node_ready(kubectl: Kubectl, name: str) -> str | None:
-    found = node(kubectl, name)
-    if found is None:
-        return None
-    for condition in found.get("status", {}).get("conditions") or ():
-        if condition["type"] == "Ready":
-            return condition["status"]
-    return None
-
-
 @pytest.fixture
 def connected(installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str):
     global _kubectl
@@ -136,14 +53,7 @@ def connected(installation: Installation, testbed: TestBed, kubectl: Kubectl, na
     started = time.monotonic()
     kubectl.apply(SOURCE, guide.targets(namespace))
     yield namespace, token, started
-    kubectl(SOURCE, "delete", "targets", "--all", "-n", namespace, "--wait=false")
-    kubectl(
-        TARGET,
-        "delete",
-        "clusterrolebinding",
-        f"admiralty-source-{namespace}-c1-cluster-summary-viewer",
-        "--ignore-not-found",
-    )
+    disconnect(kubectl, namespace)
 
 
 def test_targets_become_ready_virtual_nodes_within_seconds(

@@ -92,6 +92,13 @@ class Cluster:
                 informer.start()
         return informer
 
+    async def remove_informer(self, informer: Informer) -> None:
+        """Stop and forget an informer nobody needs any more (e.g. one per removed node)."""
+        for key, known in list(self._informers.items()):
+            if known is informer:
+                del self._informers[key]
+        await informer.stop()
+
     @property
     def informers(self) -> list[Informer]:
         return list(self._informers.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import secrets
@@ -11,6 +12,7 @@ from .errors import ApiError
 from .resources import EVENTS
 
 log = logging.getLogger(__name__)
+MAX_PENDING = 1000
 
 
 class EventRecorder:
@@ -18,6 +20,17 @@ class EventRecorder:
         self.client = client
         self.component = component
         self.default_namespace = default_namespace
+        self._pending: set[asyncio.Task] = set()
+
+    def emit(self, obj: dict, event_type: str, reason: str, message: str) -> None:
+        """Record in the background: a reconciler never waits on an event. Past
+        ``MAX_PENDING`` events in flight, new ones are dropped (and logged at debug level)."""
+        if len(self._pending) >= MAX_PENDING:
+            log.debug("event dropped reason=%s object=%s", reason, obj["metadata"]["name"])
+            return
+        task = asyncio.get_running_loop().create_task(self.record(obj, event_type, reason, message))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def record(self, obj: dict, event_type: str, reason: str, message: str) -> None:
         """Record an event about ``obj`` (cluster-scoped objects' go to the default namespace).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import logging
 import os
 import re
@@ -20,13 +21,24 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from multicluster import Cluster, ClusterConfig, Controller, LeaderElectionConfig, Manager
+from multicluster import (
+    ApiError,
+    Client,
+    Cluster,
+    ClusterConfig,
+    Controller,
+    LeaderElectionConfig,
+    Manager,
+)
 from multicluster.config import ConfigError
+from multicluster.resources import NAMESPACES
 
+from .scheduler.controller import Scheduler
 from .summary.controller import summary_controller
 from .targets.controller import targets_controller
 from .targets.registry import TargetRegistry
 from .virtual_kubelet.loop import VirtualKubelet, release_owner
+from .virtual_kubelet.pods import PodSync
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
 from .webhook.server import WebhookServer
 
@@ -75,6 +87,16 @@ class AgentSettings(BaseModel):
     leader_election_renew_deadline: float = 10.0
     leader_election_retry_period: float = 2.0
     source_controller: bool = True
+    cluster_name: str | None = Field(
+        None,
+        description="this cluster's name on delegates it creates (default: kube-system's uid)",
+    )
+    client_qps: float = Field(200.0, gt=0, description="API requests per second, per cluster")
+    client_burst: int = Field(400, ge=1)
+    scheduler_workers: int = Field(64, ge=1)
+    delegate_timeout: float = Field(
+        30.0, gt=0, description="how long a target's scheduler may take to place a delegate"
+    )
     summary_exclude_labels: str | None = Field(
         None, description="regular expression of node label keys left out of node groups"
     )
@@ -93,6 +115,7 @@ class AgentSettings(BaseModel):
         "leader_election_lease_duration",
         "leader_election_renew_deadline",
         "leader_election_retry_period",
+        "delegate_timeout",
         mode="before",
     )
     @classmethod
@@ -151,6 +174,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--leader-election-lease-duration", default=env("leader-election-lease-duration", "15s"))
     add("--leader-election-renew-deadline", default=env("leader-election-renew-deadline", "10s"))
     add("--leader-election-retry-period", default=env("leader-election-retry-period", "2s"))
+    add("--cluster-name", default=env("cluster-name"), help="default: the kube-system uid")
+    add("--client-qps", default=env("client-qps", "200"), help="API requests/s per cluster")
+    add("--client-burst", default=env("client-burst", "400"))
+    add("--scheduler-workers", default=env("scheduler-workers", "64"))
+    add(
+        "--delegate-timeout",
+        default=env("delegate-timeout", "30s"),
+        help="time a target's scheduler has to place a delegate before another target is tried",
+    )
     add(
         "--source-controller",
         default=env("source-controller", "true"),
@@ -163,13 +195,26 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
     return AgentSettings(**values)
 
 
+async def cluster_identity(client: Client) -> str:
+    """A name for this cluster that no other cluster has: the uid of its kube-system namespace
+    (or, without permission to read it, a hash of the API server's address)."""
+    try:
+        namespace = await client.get(NAMESPACES, "kube-system")
+        return namespace["metadata"]["uid"]
+    except ApiError as e:
+        log.warning("cannot read namespace kube-system, naming this cluster by address: %s", e)
+        return hashlib.sha256(client.config.server.encode()).hexdigest()[:16]
+
+
 async def run(settings: AgentSettings) -> None:
+    options = {"qps": settings.client_qps, "burst": settings.client_burst}
     if settings.kubeconfig or settings.context:
         cluster = Cluster(
-            "local", ClusterConfig.from_kubeconfig(settings.kubeconfig, settings.context)
+            "local", ClusterConfig.from_kubeconfig(settings.kubeconfig, settings.context), **options
         )
     else:
-        cluster = Cluster.in_cluster("local")
+        cluster = Cluster.in_cluster("local", **options)
+    cluster_name = settings.cluster_name or await cluster_identity(cluster.client)
     manager = Manager(
         leader_election=LeaderElectionConfig(
             namespace=settings.namespace,
@@ -188,13 +233,25 @@ async def run(settings: AgentSettings) -> None:
     )
     manager.add_controller(summary_controller(cluster, exclude=exclude))
     registry = TargetRegistry()
-    manager.add_controller(targets_controller(cluster, manager, registry))
+    manager.add_controller(targets_controller(cluster, manager, registry, cluster_options=options))
+    scheduler = Scheduler(
+        cluster,
+        registry,
+        cluster_name=cluster_name,
+        verify_timeout=settings.delegate_timeout,
+        workers=settings.scheduler_workers,
+    )
+    manager.add_controller(scheduler.controller)
+    pods = PodSync(cluster, registry, cluster_name=cluster_name)
+    for controller in pods.controllers:
+        manager.add_controller(controller)
     VirtualKubelet(
         cluster.client,
         registry,
         address=settings.node_address,
         port=settings.kubelet_port,
         owner=await release_owner(cluster.client, settings.name),
+        pods=pods,
     )
     with tempfile.TemporaryDirectory(prefix="webhook-") as scratch:
         if settings.self_managed_certificates:
@@ -227,10 +284,11 @@ async def run(settings: AgentSettings) -> None:
             certificates.on_reload(webhook.reload_certificate)
         manager.add_runnable(webhook.serve, needs_leader=False)
         log.info(
-            "agent starting namespace=%s name=%s identity=%s webhook_port=%d",
+            "agent starting namespace=%s name=%s identity=%s cluster=%s webhook_port=%d",
             settings.namespace,
             settings.name,
             settings.identity,
+            cluster_name,
             settings.webhook_port,
         )
         await manager.run(handle_signals=True)

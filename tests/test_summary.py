@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from multicluster_scheduler.summary.compute import pod_requests, slim_node, slim_pod, summarize
+from multicluster_scheduler.api.summary import pod_requests
+from multicluster_scheduler.summary.compute import slim_node, slim_pod, summarize
 
 
 def node(name, cpu="8", memory="32Gi", pods="110", labels=None, taints=None):

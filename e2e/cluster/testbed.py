@@ -26,6 +26,8 @@ from .rest import ApiError, RestClient
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# Stages of our own (pods that exit with a chosen code), next to kwok's.
+TESTBED_STAGES = Path(__file__).parent / "stages"
 
 # Soft memory limits (GOMEMLIMIT) so three clusters fit easily on a small machine.
 MEMORY_LIMITS = {
@@ -256,7 +258,7 @@ class Cluster:
                 "--profiling=false",
             ],
         )
-        stages = self.bin / "kwok-stages"
+        stages = self.bin / "kwok-stages"  # kwok's own
         self._process(
             "kwok",
             [
@@ -270,6 +272,7 @@ class Cluster:
                 f"--server-address=127.0.0.1:{self.kwok_port}",
                 "-v=WARN",
                 *(f"--config={p}" for p in sorted(stages.glob("*.yaml"))),
+                *(f"--config={p}" for p in sorted(TESTBED_STAGES.glob("*.yaml"))),
             ],
         )
 
@@ -359,10 +362,13 @@ class Cluster:
             return False
         return status == 200 and body.strip() == b"ok"
 
-    def create_nodes(self) -> None:
+    def create_nodes(self, count: int | None = None, first: int = 0) -> list[str]:
+        """The spec's fake nodes, or ``count`` more numbered from ``first``; their names."""
         capacity = dict(self.spec.allocatable)
-        for i in range(self.spec.nodes):
+        names = []
+        for i in range(first, first + (self.spec.nodes if count is None else count)):
             name = f"{self.name}-node-{i}"
+            names.append(name)
             node = {
                 "apiVersion": "v1",
                 "kind": "Node",
@@ -385,6 +391,7 @@ class Cluster:
             except ApiError as e:
                 if e.status != 409:
                     raise
+        return names
 
     def ready(self) -> bool:
         """The default ServiceAccount exists and every fake node is Ready."""

@@ -26,7 +26,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..api.quantity import QuantityError, add, parse_list
-from ..summary.compute import HIGH_CARDINALITY_LABELS, pod_requests
+from ..api.summary import HIGH_CARDINALITY_LABELS, pod_requests
 
 NOT_READY = "target(s) not ready"
 NO_SUMMARY = "target(s) had no cluster summary"

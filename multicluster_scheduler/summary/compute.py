@@ -16,8 +16,8 @@ from typing import Any
 
 from ..api import keys
 from ..api.quantity import add, format_list, parse_list
+from ..api.summary import HIGH_CARDINALITY_LABELS, pod_requests
 
-HIGH_CARDINALITY_LABELS = frozenset({"kubernetes.io/hostname"})
 # Taints that come and go with a node's health; they would split groups for no lasting reason.
 TRANSIENT_TAINT_PREFIX = "node.kubernetes.io/"
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -70,31 +70,6 @@ def slim_pod(pod: dict) -> dict:
         },
         "status": {"phase": (pod.get("status") or {}).get("phase")},
     }
-
-
-def pod_requests(pod: dict) -> dict[str, Fraction]:
-    """Effective requests, as the scheduler counts them: the larger of the app containers (plus
-    sidecars) and of any init container (plus the sidecars started before it), plus overhead;
-    and one ``pods``."""
-    spec = pod["spec"]
-    total: dict[str, Fraction] = {}
-    sidecars: dict[str, Fraction] = {}
-    init_peak: dict[str, Fraction] = {}
-    for container in spec.get("initContainers") or ():
-        requests = parse_list(container.get("requests"))
-        if container.get("restartPolicy") == "Always":
-            add(sidecars, requests)
-            continue
-        for name, value in requests.items():
-            init_peak[name] = max(init_peak.get(name, Fraction(0)), value + sidecars.get(name, 0))
-    for container in spec.get("containers") or ():
-        add(total, parse_list(container.get("requests")))
-    add(total, sidecars)
-    for name, value in init_peak.items():
-        total[name] = max(total.get(name, Fraction(0)), value)
-    add(total, parse_list(spec.get("overhead")))
-    total["pods"] = total.get("pods", Fraction(0)) + 1
-    return total
 
 
 def group_key(node: dict, exclude: re.Pattern | None) -> tuple:

@@ -25,6 +25,8 @@ from .compute import slim_node, slim_pod, summarize
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "multicluster-scheduler-summary"
 SINGLETON = f"metadata.name={keys.CLUSTER_SUMMARY_NAME}"
+# Proxy pods run on virtual nodes, which summaries leave out: not even cached.
+NOT_PROXIES = f"spec.schedulerName!={keys.PROXY_SCHEDULER_NAME}"
 SUMMARY_WRITES = Counter(
     "multicluster_scheduler_summary_writes_total",
     "ClusterSummary writes (at most about one a second, however busy the cluster).",
@@ -40,7 +42,7 @@ class SummaryReconciler:
         self.exclude = exclude
         self.min_interval = min_interval
         self.nodes = cluster.informer(NODES, transform=slim_node)
-        self.pods = cluster.informer(PODS, transform=slim_pod)
+        self.pods = cluster.informer(PODS, field_selector=NOT_PROXIES, transform=slim_pod)
         self.summaries = cluster.informer(CLUSTER_SUMMARIES, field_selector=SINGLETON)
 
     async def reconcile(self, request: Request) -> None:
@@ -77,6 +79,8 @@ def summary_controller(cluster: Cluster, *, exclude: re.Pattern | None = None) -
     controller = Controller("summary", reconciler, workers=1)
     singleton = EnqueueMapped(lambda name, _obj: (Request(name, "", keys.CLUSTER_SUMMARY_NAME),))
     controller.watch(cluster, NODES, handler=singleton, transform=slim_node)
-    controller.watch(cluster, PODS, handler=singleton, transform=slim_pod)
+    controller.watch(
+        cluster, PODS, handler=singleton, field_selector=NOT_PROXIES, transform=slim_pod
+    )
     controller.watch(cluster, CLUSTER_SUMMARIES, handler=singleton, field_selector=SINGLETON)
     return controller

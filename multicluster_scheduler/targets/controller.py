@@ -26,12 +26,13 @@ from multicluster import (
 )
 from multicluster.config import ConfigError
 from multicluster.events import EventRecorder
-from multicluster.resources import SECRETS
+from multicluster.resources import PODS, SECRETS
 
 from ..api import keys
 from ..api.naming import virtual_node_name
+from ..api.proxy import DELEGATE_LABEL_SELECTOR, slim_delegate
 from ..api.resources import CLUSTER_SUMMARIES, CLUSTER_TARGETS, TARGETS
-from .registry import TargetConnection, TargetRegistry
+from .registry import DELEGATE_INDEX, TargetConnection, TargetRegistry, by_parent_uid
 
 log = logging.getLogger(__name__)
 SINGLETON = f"metadata.name={keys.CLUSTER_SUMMARY_NAME}"
@@ -111,8 +112,15 @@ def classify(error: Exception) -> tuple[str, str]:
 
 
 class TargetsReconciler:
-    def __init__(self, local: Cluster, manager: Manager, registry: TargetRegistry) -> None:
+    def __init__(
+        self,
+        local: Cluster,
+        manager: Manager,
+        registry: TargetRegistry,
+        cluster_options: dict | None = None,
+    ) -> None:
         self.local = local
+        self.cluster_options = cluster_options or {}
         self.manager = manager
         self.registry = registry
         self.targets = local.informer(TARGETS)
@@ -133,8 +141,8 @@ class TargetsReconciler:
         connection = self.registry.connections.get(node_name)
         if target is None:
             if connection is not None:
+                await self.registry.remove(node_name)  # listeners may still use the connection
                 await self._disconnect(connection)
-                await self.registry.remove(node_name)
                 log.info("target removed node=%s", node_name)
             return None
         if connection is None:
@@ -183,21 +191,35 @@ class TargetsReconciler:
         if self._config_keys.get(connection.node_name) == key:
             return None
         await self._disconnect(connection)
-        cluster = self.local if config is None else Cluster(connection.node_name, config)
+        cluster = (
+            self.local
+            if config is None
+            else Cluster(connection.node_name, config, **self.cluster_options)
+        )
         summaries = cluster.informer(CLUSTER_SUMMARIES, field_selector=SINGLETON)
         enqueue = self._enqueuer(request, connection)
         summaries.add_handler(enqueue)
         self._handlers[connection.node_name] = enqueue
+        # Delegates live in the proxy's namespace: a namespaced Target sees only its own.
+        delegates = cluster.informer(
+            PODS,
+            connection.namespace,
+            label_selector=DELEGATE_LABEL_SELECTOR,
+            transform=slim_delegate,
+        )
+        delegates.add_indexer(DELEGATE_INDEX, by_parent_uid)
         connection.cluster, connection.summaries = cluster, summaries
+        connection.delegates = delegates
         if cluster is not self.local:
             self.manager.add_cluster(cluster)
         self._config_keys[connection.node_name] = key
+        self.registry.connected(connection)
         log.info("target connected node=%s server=%s", connection.node_name, cluster.config.server)
         return None
 
     def _enqueuer(self, request: Request, connection: TargetConnection):
         def on_summary(_event: str, _obj: dict, _old: dict | None, _initial: bool) -> None:
-            connection.changed.set()
+            self.registry.changed(connection)
             if self.controller is not None:
                 self.controller.queue.add(request)
 
@@ -209,7 +231,9 @@ class TargetsReconciler:
         handler = self._handlers.pop(connection.node_name, None)
         if connection.summaries is not None and handler is not None:
             connection.summaries.remove_handler(handler)
-        connection.cluster, connection.summaries = None, None
+        if cluster is not None:
+            self.registry.disconnected(connection)
+        connection.cluster, connection.summaries, connection.delegates = None, None, None
         if cluster is not None and cluster is not self.local:
             await self.manager.remove_cluster(cluster.name)
 
@@ -244,7 +268,7 @@ class TargetsReconciler:
         )
         connection.ready, connection.reason, connection.message = bool(ready), reason, message
         if changed:
-            connection.changed.set()
+            self.registry.changed(connection)
         status = target.get("status") or {}
         previous = status.get("conditions") or []
         generation = target["metadata"].get("generation")
@@ -273,8 +297,10 @@ class TargetsReconciler:
             )
 
 
-def targets_controller(local: Cluster, manager: Manager, registry: TargetRegistry) -> Controller:
-    reconciler = TargetsReconciler(local, manager, registry)
+def targets_controller(
+    local: Cluster, manager: Manager, registry: TargetRegistry, cluster_options: dict | None = None
+) -> Controller:
+    reconciler = TargetsReconciler(local, manager, registry, cluster_options)
     controller = Controller("targets", reconciler, workers=4)
     reconciler.controller = controller
     controller.watch(local, TARGETS)

@@ -1,21 +1,33 @@
 """The targets a source cluster schedules to, as live connections other components use.
 
 The targets controller keeps one :class:`TargetConnection` per Target and ClusterTarget; the
-virtual kubelet (one node per target) and, later, the scheduler read them. Listeners hear of
-targets added and removed; each connection's ``changed`` event fires when its readiness or
-summary may have changed.
+virtual kubelet (one node per target) and the scheduler read them. Listeners hear of targets
+added and removed, of connections made and dropped (a connection's informers change when its
+kubeconfig does), and of changes of readiness or summary; each connection's ``changed`` event
+also fires then, for the one loop that owns its virtual node.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from multicluster import Cluster, Informer
+from multicluster.resources import PODS
 
 from ..api import keys
 from ..api.naming import virtual_node_name
+from ..api.proxy import parent_uid
+
+log = logging.getLogger(__name__)
+DELEGATE_INDEX = "parent-uid"
+
+
+def by_parent_uid(pod: dict) -> list[str]:
+    uid = parent_uid(pod)
+    return [uid] if uid else []
 
 
 @dataclass
@@ -25,6 +37,7 @@ class TargetConnection:
     namespace: str | None
     cluster: Cluster | None = None
     summaries: Informer | None = None
+    delegates: Informer | None = None  # pods with a parent-uid label, in the target's scope
     ready: bool = False
     reason: str = "Connecting"
     message: str = ""
@@ -40,6 +53,40 @@ class TargetConnection:
             return {keys.TARGET_NAMESPACE_LABEL: self.namespace, keys.TARGET_NAME_LABEL: self.name}
         return {keys.CLUSTER_TARGET_NAME_LABEL: self.name}
 
+    def allows(self, namespace: str) -> bool:
+        """A namespaced Target serves only proxy pods of its own namespace."""
+        return self.namespace is None or self.namespace == namespace
+
+    @property
+    def delegates_synced(self) -> bool:
+        informer = self.delegates
+        return informer is not None and informer.has_synced and informer.last_error is None
+
+    def delegates_of(self, proxy_uid: str) -> list[dict]:
+        if self.delegates is None:
+            return []
+        return self.delegates.by_index(DELEGATE_INDEX, proxy_uid)
+
+    async def delete_delegate(self, delegate: dict, why: str) -> None:
+        """Delete this very delegate (not a namesake made since); gone already is fine."""
+        if self.cluster is None:
+            return
+        meta = delegate["metadata"]
+        await self.cluster.client.delete(
+            PODS,
+            meta["name"],
+            meta["namespace"],
+            missing_ok=True,
+            preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
+        )
+        log.info(
+            "delegate deleted namespace=%s name=%s target=%s reason=%r",
+            meta["namespace"],
+            meta["name"],
+            self.node_name,
+            why,
+        )
+
     def summary(self) -> dict | None:
         if self.summaries is None:
             return None
@@ -47,6 +94,7 @@ class TargetConnection:
 
 
 Listener = Callable[[TargetConnection], Awaitable[None]]
+Callback = Callable[[TargetConnection], None]
 
 
 class TargetRegistry:
@@ -54,12 +102,42 @@ class TargetRegistry:
         self.connections: dict[str, TargetConnection] = {}
         self._added: list[Listener] = []
         self._removed: list[Listener] = []
+        self._connected: list[Callback] = []
+        self._disconnected: list[Callback] = []
+        self._changed: list[Callback] = []
 
     def on_added(self, listener: Listener) -> None:
         self._added.append(listener)
 
     def on_removed(self, listener: Listener) -> None:
         self._removed.append(listener)
+
+    def on_connected(self, callback: Callback) -> None:
+        """Called when a connection gets its cluster and informers (they are new each time)."""
+        self._connected.append(callback)
+
+    def on_disconnected(self, callback: Callback) -> None:
+        self._disconnected.append(callback)
+
+    def on_changed(self, callback: Callback) -> None:
+        """Called when a target's readiness or summary may have changed."""
+        self._changed.append(callback)
+
+    def connected(self, connection: TargetConnection) -> None:
+        for callback in self._connected:
+            callback(connection)
+
+    def disconnected(self, connection: TargetConnection) -> None:
+        for callback in self._disconnected:
+            callback(connection)
+
+    def changed(self, connection: TargetConnection) -> None:
+        connection.changed.set()
+        for callback in self._changed:
+            callback(connection)
+
+    def by_node(self, node_name: str | None) -> TargetConnection | None:
+        return self.connections.get(node_name) if node_name else None
 
     async def add(self, connection: TargetConnection) -> None:
         self.connections[connection.node_name] = connection

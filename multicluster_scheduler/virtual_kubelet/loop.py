@@ -16,6 +16,7 @@ from multicluster.resources import LEASES, NODES
 
 from ..targets.registry import TargetConnection, TargetRegistry
 from .node import node_labels, node_object, node_status, status_differs
+from .pods import PodSync
 
 log = logging.getLogger(__name__)
 LEASE_NAMESPACE = "kube-node-lease"
@@ -149,7 +150,8 @@ class NodeLoop:
 
 
 class VirtualKubelet:
-    """Starts a node loop for each target the registry adds; removes the node with the target."""
+    """Starts a node loop for each target the registry adds; when the target goes, releases the
+    proxy pods bound to its node, then removes the node."""
 
     def __init__(
         self,
@@ -159,11 +161,13 @@ class VirtualKubelet:
         address: str,
         port: int,
         owner: dict | None = None,
+        pods: PodSync | None = None,
     ) -> None:
         self.client = client
         self.address = address
         self.port = port
         self.owner = owner
+        self.pods = pods
         self._loops: dict[str, tuple[NodeLoop, asyncio.Task]] = {}
         registry.on_added(self._added)
         registry.on_removed(self._removed)
@@ -174,11 +178,16 @@ class VirtualKubelet:
         )
         task = asyncio.create_task(loop.run(), name=f"node-{connection.node_name}")
         self._loops[connection.node_name] = (loop, task)
+        if self.pods is not None:
+            self.pods.watch_node(connection.node_name)
 
     async def _removed(self, connection: TargetConnection) -> None:
         entry = self._loops.pop(connection.node_name, None)
         if entry is None:
             return
+        if self.pods is not None:
+            await self.pods.release(connection)
+            await self.pods.unwatch_node(connection.node_name)
         loop, task = entry
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

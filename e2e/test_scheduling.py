@@ -1,0 +1,470 @@
+"""Elected pods run in target clusters: the guide's "Multi-Cluster Deployment in Source Cluster"
+and "Advanced Scheduling", Jobs, unschedulable pods, lost delegates, pods refused by virtual
+nodes, and an agent killed again and again during a rollout."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+from e2e.cluster import TestBed, wait_for
+from e2e.cluster.install import Installation
+from e2e.kubectl import Kubectl
+from e2e.topology import SOURCE, TARGET, connect, disconnect
+
+PREFIX = "multicluster.admiralty.io/"
+PROXY_SCHEDULER = "admiralty-proxy"
+REAL_NODES = "virtual-kubelet.io/provider!=admiralty"
+REGION = "topology.kubernetes.io/region"
+
+
+def nginx(replicas: int = 10, name: str = "nginx", elect: bool = True) -> str:
+    """The guide's Deployment (its exact manifest when ``replicas`` is 10)."""
+    annotations = (
+        '\n      annotations:\n        multicluster.admiralty.io/elect: ""' if elect else ""
+    )
+    return f"""apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {name}
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels:
+      app: {name}
+  template:
+    metadata:
+      labels:
+        app: {name}{annotations}
+    spec:
+      containers:
+      - name: nginx
+        image: nginx
+        resources:
+          requests:
+            cpu: 100m
+            memory: 32Mi
+        ports:
+        - containerPort: 80
+"""
+
+
+def pods(kubectl: Kubectl, context: str, namespace: str, *selector: str) -> list[dict]:
+    return kubectl.json(context, "get", "pods", "-n", namespace, *selector)["items"]
+
+
+def proxies(kubectl: Kubectl, namespace: str) -> list[dict]:
+    return [
+        p
+        for p in pods(kubectl, SOURCE, namespace)
+        if p["spec"].get("schedulerName") == PROXY_SCHEDULER
+    ]
+
+
+def delegates(kubectl: Kubectl, context: str, namespace: str) -> list[dict]:
+    found = pods(kubectl, context, namespace, "-l", PREFIX + "parent-uid")
+    return [d for d in found if not d["metadata"].get("deletionTimestamp")]
+
+
+def condition(pod: dict, kind: str) -> dict:
+    for c in pod.get("status", {}).get("conditions") or ():
+        if c["type"] == kind:
+            return c
+    return {}
+
+
+def running_and_ready(pod: dict) -> bool:
+    return (
+        pod.get("status", {}).get("phase") == "Running"
+        and condition(pod, "Ready").get("status") == "True"
+    )
+
+
+def live(items: list[dict]) -> list[dict]:
+    return [
+        p
+        for p in items
+        if not p["metadata"].get("deletionTimestamp")
+        and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+    ]
+
+
+def all_running(kubectl: Kubectl, namespace: str, count: int) -> bool:
+    found = live(proxies(kubectl, namespace))
+    return len(found) == count and all(running_and_ready(p) for p in found)
+
+
+def nothing_left(kubectl: Kubectl, namespace: str) -> bool:
+    if proxies(kubectl, namespace):
+        return False
+    return not any(
+        pods(kubectl, context, namespace, "-l", PREFIX + "parent-uid")
+        for context in (SOURCE, TARGET)
+    )
+
+
+@pytest.fixture
+def guide(installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str):
+    """Targets c1 (self) and c2 Ready in ``namespace``, which is enabled for elected pods."""
+    nodes = connect(kubectl, testbed, namespace)
+    kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler=enabled")
+    yield namespace, nodes
+    for kind in ("deployments", "jobs", "daemonsets", "pods"):
+        kubectl(SOURCE, "delete", kind, "--all", "-n", namespace, "--wait=false")
+    try:
+        wait_for(lambda: nothing_left(kubectl, namespace), 60, what="proxies and delegates gone")
+    finally:
+        disconnect(kubectl, namespace)
+
+
+@pytest.fixture
+def regions(kubectl: Kubectl):
+    """The guide's region labels: cluster1's nodes in us, cluster2's in eu."""
+    kubectl(SOURCE, "label", "nodes", "-l", REAL_NODES, f"{REGION}=us", "--overwrite")
+    kubectl(TARGET, "label", "nodes", "-l", REAL_NODES, f"{REGION}=eu", "--overwrite")
+    yield
+    for context in (SOURCE, TARGET):
+        kubectl(context, "label", "nodes", "-l", REAL_NODES, f"{REGION}-")
+
+
+def comparable_spec(spec: dict) -> dict:
+    """A pod spec without what the documented changes remove (COMPAT.md) and the target's own
+    admission and scheduler add again to any pod: its service-account token volume and mount,
+    the node, and the priority computed from the class."""
+    spec = json.loads(json.dumps(spec))
+    spec.pop("nodeName", None)
+    spec.pop("priority", None)
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    removed = set()
+    for container in spec["containers"]:
+        mounts = container.get("volumeMounts") or []
+        removed |= {m["name"] for m in mounts if m["mountPath"] == token}
+        container["volumeMounts"] = [m for m in mounts if m["mountPath"] != token]
+        if not container["volumeMounts"]:
+            del container["volumeMounts"]
+    spec["volumes"] = [v for v in spec.get("volumes") or () if v["name"] not in removed]
+    if not spec["volumes"]:
+        del spec["volumes"]
+    return spec
+
+
+def test_the_guides_deployment_runs_in_both_clusters_then_moves_to_eu(
+    guide, regions, kubectl: Kubectl
+):
+    namespace, nodes = guide
+    kubectl.apply(SOURCE, nginx(), "-n", namespace)
+    wait_for(lambda: all_running(kubectl, namespace, 10), 90, what="10 proxy pods Running")
+
+    found = proxies(kubectl, namespace)
+    assert {p["spec"]["nodeName"] for p in found} <= set(nodes)
+    uids = {p["metadata"]["uid"]: p for p in found}
+    placed = {context: delegates(kubectl, context, namespace) for context in (SOURCE, TARGET)}
+    assert placed[SOURCE], "replicas spread over both clusters"
+    assert placed[TARGET], "replicas spread over both clusters"
+    everywhere = placed[SOURCE] + placed[TARGET]
+    assert sorted(d["metadata"]["labels"][PREFIX + "parent-uid"] for d in everywhere) == sorted(
+        uids
+    ), "exactly one delegate per proxy pod"
+    for delegate in everywhere:
+        proxy = uids[delegate["metadata"]["labels"][PREFIX + "parent-uid"]]
+        manifest = json.loads(proxy["metadata"]["annotations"][PREFIX + "sourcepod-manifest"])
+        assert manifest["metadata"]["annotations"] == {PREFIX + "elect": ""}
+        assert manifest["spec"]["containers"][0]["image"] == "nginx"
+        assert comparable_spec(delegate["spec"]) == comparable_spec(manifest["spec"])
+        labels = delegate["metadata"]["labels"]
+        assert labels[PREFIX + "app"] == "nginx"
+        assert "app" not in labels, "the source's ReplicaSet must not adopt self-target delegates"
+        annotations = delegate["metadata"]["annotations"]
+        assert annotations[PREFIX + "parent-name"] == proxy["metadata"]["name"]
+        assert annotations[PREFIX + "parent-namespace"] == namespace
+        assert PREFIX + "elect" not in annotations
+        assert running_and_ready(delegate)
+        # The proxy pod's status is its delegate's.
+        assert proxy["status"]["podIP"] == delegate["status"]["podIP"]
+        assert proxy["status"]["containerStatuses"] == delegate["status"]["containerStatuses"]
+        assert proxy["metadata"]["finalizers"] == [PREFIX + "multiclusterForegroundDeletion"]
+        assert proxy["spec"]["tolerations"][0]["key"] == "virtual-kubelet.io/provider"
+    deployment = kubectl.json(SOURCE, "get", "deployment", "nginx", "-n", namespace)
+    assert deployment["status"].get("availableReplicas") == 10
+
+    # Advanced Scheduling: the guide's patch moves every replica to cluster2 (region eu).
+    patch = {"spec": {"template": {"spec": {"nodeSelector": {REGION: "eu"}}}}}
+    kubectl(SOURCE, "patch", "deployment", "nginx", "-n", namespace, "-p", json.dumps(patch))
+
+    def moved() -> bool:
+        found = live(proxies(kubectl, namespace))
+        return (
+            len(found) == 10
+            and all(running_and_ready(p) and p["spec"]["nodeName"] == nodes[1] for p in found)
+            and not pods(kubectl, SOURCE, namespace, "-l", PREFIX + "parent-uid")
+            and len(delegates(kubectl, TARGET, namespace)) == 10
+        )
+
+    wait_for(moved, 120, what="all replicas in cluster2 and none left in cluster1")
+
+    kubectl(SOURCE, "delete", "deployment", "nginx", "-n", namespace)
+    wait_for(lambda: nothing_left(kubectl, namespace), 60, what="no proxy and no delegate left")
+    leftovers = [
+        p["metadata"]["name"]
+        for p in pods(kubectl, SOURCE, namespace)
+        if p["metadata"].get("finalizers")
+    ]
+    assert leftovers == []
+
+
+def job(name: str, exit_code: int) -> str:
+    return f"""apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {name}
+spec:
+  backoffLimit: 0
+  template:
+    metadata:
+      annotations:
+        multicluster.admiralty.io/elect: ""
+        testbed.multicluster-scheduler.io/exit-code: "{exit_code}"
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: busybox
+        command: [sh, -c, "exit {exit_code}"]
+"""
+
+
+def job_condition(kubectl: Kubectl, namespace: str, name: str) -> str | None:
+    found = kubectl.json(SOURCE, "get", "job", name, "-n", namespace)
+    for c in found.get("status", {}).get("conditions") or ():
+        if c["type"] in ("Complete", "Failed") and c["status"] == "True":
+            return c["type"]
+    return None
+
+
+def test_elected_jobs_complete_or_fail_like_their_delegates(guide, kubectl: Kubectl):
+    namespace, _ = guide
+    kubectl.apply(SOURCE, job("succeeds", 0), "-n", namespace)
+    kubectl.apply(SOURCE, job("fails", 1), "-n", namespace)
+    wait_for(lambda: job_condition(kubectl, namespace, "succeeds") == "Complete", 60, what="done")
+    wait_for(lambda: job_condition(kubectl, namespace, "fails") == "Failed", 60, what="failed")
+    phases = {
+        p["metadata"]["labels"]["job-name"]: p["status"]["phase"]
+        for p in proxies(kubectl, namespace)
+    }
+    assert phases == {"succeeds": "Succeeded", "fails": "Failed"}
+
+
+def test_an_unsatisfiable_pod_waits_with_a_reason_then_fits_when_a_node_does(
+    guide, kubectl: Kubectl
+):
+    namespace, nodes = guide
+    key = "e2e.multicluster-scheduler.io/pool"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "picky", "annotations": {PREFIX + "elect": ""}},
+        "spec": {
+            "nodeSelector": {key: "gpu"},
+            "containers": [{"name": "main", "image": "busybox"}],
+        },
+    }
+    kubectl.apply(SOURCE, pod, "-n", namespace)
+
+    def reason() -> dict:
+        found = kubectl.json(SOURCE, "get", "pod", "picky", "-n", namespace)
+        return condition(found, "PodScheduled")
+
+    wait_for(lambda: reason().get("reason") == "Unschedulable", 30, what="Unschedulable")
+    assert reason()["status"] == "False"
+    assert reason()["message"] == (
+        "0/2 targets are available: 2 target(s) had no node matching Pod's node affinity/selector."
+    )
+    events = kubectl.json(
+        SOURCE, "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=picky"
+    )["items"]
+    assert any(e["reason"] == "FailedScheduling" for e in events)
+
+    node = kubectl(TARGET, "get", "nodes", "-l", REAL_NODES, "-o", "name").split()[0]
+    kubectl(TARGET, "label", node, f"{key}=gpu")
+    try:
+        wait_for(
+            lambda: running_and_ready(kubectl.json(SOURCE, "get", "pod", "picky", "-n", namespace)),
+            30,
+            what="the pod running once a node fits",
+        )
+        found = kubectl.json(SOURCE, "get", "pod", "picky", "-n", namespace)
+        assert found["spec"]["nodeName"] == nodes[1]
+        (delegate,) = delegates(kubectl, TARGET, namespace)
+        assert delegate["spec"]["nodeName"] == node.removeprefix("node/")
+    finally:
+        kubectl(TARGET, "label", node, f"{key}-")
+
+
+def test_a_lost_delegate_fails_its_proxy_and_the_owner_replaces_it(guide, kubectl: Kubectl):
+    namespace, _ = guide
+    kubectl.apply(SOURCE, nginx(4), "-n", namespace)
+    wait_for(lambda: all_running(kubectl, namespace, 4), 60, what="4 proxy pods Running")
+    victim = (delegates(kubectl, TARGET, namespace) or delegates(kubectl, SOURCE, namespace))[0]
+    context = TARGET if delegates(kubectl, TARGET, namespace) else SOURCE
+    parent = victim["metadata"]["annotations"][PREFIX + "parent-name"]
+    kubectl(context, "delete", "pod", victim["metadata"]["name"], "-n", namespace, "--wait=false")
+
+    def failed() -> dict:
+        found = kubectl.json(SOURCE, "get", "pod", parent, "-n", namespace)
+        return found["status"]
+
+    wait_for(lambda: failed().get("phase") == "Failed", 30, what="the proxy pod failed")
+    assert failed()["reason"] == "DelegateLost"
+    wait_for(lambda: all_running(kubectl, namespace, 4), 60, what="a replacement Running")
+
+
+def test_pods_that_are_not_proxies_are_refused_by_virtual_nodes_once(guide, kubectl: Kubectl):
+    namespace, nodes = guide
+    kubectl.apply(
+        SOURCE,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "everywhere"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "everywhere"}},
+                "template": {
+                    "metadata": {"labels": {"app": "everywhere"}},
+                    "spec": {
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{"name": "main", "image": "busybox"}],
+                    },
+                },
+            },
+        },
+        "-n",
+        namespace,
+    )
+
+    def refused() -> list[dict]:
+        return [
+            p
+            for p in pods(kubectl, SOURCE, namespace, "-l", "app=everywhere")
+            if p["spec"].get("nodeName") in nodes and p["status"].get("phase") == "Failed"
+        ]
+
+    wait_for(lambda: len(refused()) >= 2, 30, what="daemon pods refused on both virtual nodes")
+    assert {p["status"]["reason"] for p in refused()} == {"NotProxyPod"}
+    events = kubectl.json(
+        SOURCE, "get", "events", "-n", namespace, "--field-selector", "reason=NotProxyPod"
+    )["items"]
+    first = len(events)
+    time.sleep(20)
+    events = kubectl.json(
+        SOURCE, "get", "events", "-n", namespace, "--field-selector", "reason=NotProxyPod"
+    )["items"]
+    # The DaemonSet controller backs off (1 s, 2 s, 4 s, …) and we refuse each pod once.
+    assert len(events) - first <= 12, f"{len(events) - first} refusals in 20 s: a hot loop"
+    real = [
+        p
+        for p in pods(kubectl, SOURCE, namespace, "-l", "app=everywhere")
+        if p["spec"].get("nodeName") not in nodes
+    ]
+    assert real
+    assert all(p["status"].get("phase") == "Running" for p in real)
+
+
+def test_agent_killed_again_and_again_during_a_rollout_loses_and_duplicates_nothing(
+    guide, installation: Installation, kubectl: Kubectl
+):
+    namespace, nodes = guide
+    replicas = 200
+    agent = installation.agents[SOURCE][0]
+    kubectl.apply(SOURCE, nginx(replicas), "-n", namespace)
+    rng = random.Random(6)
+    kills = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and kills < 8:
+        time.sleep(rng.uniform(1.0, 4.0))
+        if agent.running:
+            agent.kill()
+            kills += 1
+    assert kills >= 5
+    wait_for(lambda: all_running(kubectl, namespace, replicas), 240, what="every pod Running")
+    found = live(proxies(kubectl, namespace))
+    uids = {p["metadata"]["uid"] for p in found}
+    everywhere = delegates(kubectl, SOURCE, namespace) + delegates(kubectl, TARGET, namespace)
+    parents = [d["metadata"]["labels"][PREFIX + "parent-uid"] for d in everywhere]
+    duplicates = {u for u in parents if parents.count(u) > 1}
+    assert not duplicates, f"{len(duplicates)} proxy pods with two delegates"
+    orphans = set(parents) - uids
+    assert not orphans, f"{len(orphans)} orphaned delegates"
+    assert set(parents) == uids
+    assert {p["spec"]["nodeName"] for p in found} <= set(nodes)
+    print(f"{kills} SIGKILLs of the agent during a {replicas}-pod rollout")
+
+
+def ready_replicas(kubectl: Kubectl, context: str, namespace: str, name: str) -> int:
+    out = kubectl(
+        context,
+        "get",
+        "deployment",
+        name,
+        "-n",
+        namespace,
+        "-o",
+        "jsonpath={.status.readyReplicas}",
+    )
+    return int(out or 0)
+
+
+def time_rollout(
+    kubectl: Kubectl, context: str, namespace: str, manifest: str, count: int
+) -> float:
+    """Seconds from ``kubectl apply`` to ``count`` ready replicas (proxy pods, if elected)."""
+    started = time.monotonic()
+    kubectl.apply(context, manifest, "-n", namespace)
+    wait_for(
+        lambda: ready_replicas(kubectl, context, namespace, "rollout") == count,
+        600,
+        interval=0.25,
+        what=f"{count} ready replicas",
+    )
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def more_nodes(testbed: TestBed):
+    """Two more fake nodes in each cluster: 500 pods fit in one (110 pods per node)."""
+    added = {name: testbed[name].create_nodes(2, first=100) for name in (SOURCE, TARGET)}
+    yield
+    for name, nodes in added.items():
+        for node in nodes:
+            testbed[name].rest.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+def test_elected_rollout_of_500_replicas_costs_little_more_than_a_native_one(
+    guide, more_nodes, kubectl: Kubectl
+):
+    namespace, _ = guide
+    replicas = 500
+    native_namespace = namespace + "n"
+    kubectl(SOURCE, "create", "namespace", native_namespace)
+    small = nginx(replicas, name="rollout").replace("cpu: 100m", "cpu: 10m")
+    native_manifest = nginx(replicas, "rollout", elect=False).replace("cpu: 100m", "cpu: 10m")
+    try:
+        native = time_rollout(kubectl, SOURCE, native_namespace, native_manifest, replicas)
+    finally:
+        kubectl(SOURCE, "delete", "namespace", native_namespace, "--wait=false")
+    wait_for(
+        lambda: not pods(kubectl, SOURCE, native_namespace),
+        120,
+        what="the native replicas gone before the elected rollout",
+    )
+    elected = time_rollout(kubectl, SOURCE, namespace, small, replicas)
+    spread = {c: len(delegates(kubectl, c, namespace)) for c in (SOURCE, TARGET)}
+    ratio = elected / native
+    print(
+        f"{replicas} replicas: native {native:.1f}s, elected {elected:.1f}s over two targets "
+        f"{spread}, ratio {ratio:.2f}"
+    )
+    assert sum(spread.values()) == replicas
+    assert ratio <= 1.5

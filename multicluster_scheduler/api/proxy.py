@@ -1,0 +1,196 @@
+"""Proxy pods and their delegates: how one is recognised, and how the other is built from it.
+
+The webhook saves an elected pod's manifest on the proxy pod; the scheduler builds the delegate
+from that manifest; the virtual kubelet finds the delegate again by its ``parent-uid`` label.
+These rules are shared by both components, so they live here, as pure functions (COMPAT.md,
+"Delegate pod built from the manifest").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import orjson
+import yaml
+
+from . import keys
+
+PROXY_FIELD_SELECTOR = f"spec.schedulerName={keys.PROXY_SCHEDULER_NAME}"
+DELEGATE_LABEL_SELECTOR = keys.PARENT_UID
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+NAME_LIMIT = 63
+HASH_LENGTH = 10
+_NOT_IN_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+class InvalidManifest(ValueError):
+    """The proxy pod's saved manifest is missing or is not a pod."""
+
+
+def is_proxy(pod: dict) -> bool:
+    return (pod.get("spec") or {}).get("schedulerName") == keys.PROXY_SCHEDULER_NAME
+
+
+def is_terminal(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def is_deleting(obj: dict) -> bool:
+    return bool(obj["metadata"].get("deletionTimestamp"))
+
+
+def controller_uid(pod: dict) -> str | None:
+    """The uid of the pod's controller (ReplicaSet, Job, …), if any."""
+    refs = pod["metadata"].get("ownerReferences") or ()
+    for ref in refs:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return refs[0].get("uid") if refs else None
+
+
+def source_manifest(proxy: dict) -> dict:
+    """The pod as the webhook received it (JSON, or YAML as the original project wrote it)."""
+    text = (proxy["metadata"].get("annotations") or {}).get(keys.SOURCEPOD_MANIFEST)
+    if not text:
+        raise InvalidManifest(f"the proxy pod has no {keys.SOURCEPOD_MANIFEST} annotation")
+    try:
+        manifest = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        try:
+            manifest = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise InvalidManifest(f"{keys.SOURCEPOD_MANIFEST} is neither JSON nor YAML: {e}") from e
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("spec"), dict):
+        raise InvalidManifest(f"{keys.SOURCEPOD_MANIFEST} does not hold a pod with a spec")
+    if not isinstance(manifest["spec"].get("containers"), list) or not manifest["spec"].get(
+        "containers"
+    ):
+        raise InvalidManifest(f"{keys.SOURCEPOD_MANIFEST} holds a pod without containers")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise InvalidManifest(f"{keys.SOURCEPOD_MANIFEST} holds a pod whose metadata is no map")
+    return manifest
+
+
+def delegate_name(proxy_name: str, proxy_uid: str) -> str:
+    """Deterministic, distinct from the proxy's own name (self targets share its namespace),
+    and a DNS label of at most 63 characters, so that it is also a valid hostname."""
+    digest = hashlib.sha256(proxy_uid.encode()).hexdigest()[:HASH_LENGTH]
+    head = _NOT_IN_LABEL.sub("-", proxy_name.lower())[: NAME_LIMIT - HASH_LENGTH - 1].strip("-")
+    return f"{head}-{digest}" if head else digest
+
+
+def prefixed_key(key: str) -> str:
+    return keys.PREFIX + key.rsplit("/", 1)[-1]
+
+
+def prefixed_labels(labels: dict[str, str]) -> dict[str, str]:
+    """``k=v`` → ``multicluster.admiralty.io/<last segment of k>=v``, so that controllers in
+    the target never mistake delegates for their own pods. When two keys end the same way, the
+    one that sorts last wins (deterministic)."""
+    return {prefixed_key(k): v for k, v in sorted(labels.items())}
+
+
+def _without_service_account_token(spec: dict) -> None:
+    removed: set[str] = set()
+    for field in ("initContainers", "containers", "ephemeralContainers"):
+        for container in spec.get(field) or ():
+            mounts = container.get("volumeMounts")
+            if not mounts:
+                continue
+            kept = []
+            for mount in mounts:
+                if mount.get("mountPath", "").rstrip("/") == SERVICE_ACCOUNT_MOUNT:
+                    removed.add(mount.get("name"))
+                else:
+                    kept.append(mount)
+            if kept:
+                container["volumeMounts"] = kept
+            else:
+                container.pop("volumeMounts", None)
+    if removed and spec.get("volumes"):
+        spec["volumes"] = [v for v in spec["volumes"] if v.get("name") not in removed]
+        if not spec["volumes"]:
+            del spec["volumes"]
+
+
+def delegate_pod(proxy: dict, manifest: dict, cluster_name: str) -> dict:
+    """The delegate of ``proxy`` (the pod to create in a target), built from its manifest."""
+    meta = proxy["metadata"]
+    source_meta = manifest.get("metadata") or {}
+    annotations = {
+        k: v
+        for k, v in (source_meta.get("annotations") or {}).items()
+        if not k.startswith(keys.PREFIX)
+    }
+    annotations[keys.PARENT_NAME] = meta["name"]
+    annotations[keys.PARENT_NAMESPACE] = meta["namespace"]
+    annotations[keys.PARENT_CLUSTER_NAME] = cluster_name
+    labels = prefixed_labels(source_meta.get("labels") or {})
+    labels[keys.PARENT_UID] = meta["uid"]
+    spec = orjson.loads(orjson.dumps(manifest["spec"]))  # a deep copy
+    spec.pop("nodeName", None)
+    spec.pop("priority", None)
+    _without_service_account_token(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": delegate_name(meta["name"], meta["uid"]),
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def parent_uid(delegate: dict) -> str | None:
+    return (delegate["metadata"].get("labels") or {}).get(keys.PARENT_UID)
+
+
+def parent_cluster(delegate: dict) -> str | None:
+    return (delegate["metadata"].get("annotations") or {}).get(keys.PARENT_CLUSTER_NAME)
+
+
+def pod_condition(pod: dict, kind: str) -> dict | None:
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            return condition
+    return None
+
+
+_PROXY_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+)
+_DELEGATE_METADATA = _PROXY_METADATA[:8]
+
+
+def slim_proxy(pod: dict) -> dict:
+    """What the scheduler and the virtual kubelet read of a proxy pod (no containers: the
+    manifest annotation holds what the delegate needs)."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    return {
+        "metadata": {k: meta[k] for k in _PROXY_METADATA if k in meta},
+        "spec": {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")},
+        "status": pod.get("status") or {},
+    }
+
+
+def slim_delegate(pod: dict) -> dict:
+    meta = pod["metadata"]
+    return {
+        "metadata": {k: meta[k] for k in _DELEGATE_METADATA if k in meta},
+        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "status": pod.get("status") or {},
+    }

@@ -1,0 +1,521 @@
+"""The proxy scheduler (leader only): places unbound proxy pods in targets, many at once.
+
+For each unbound proxy pod: filter and score the targets on their summaries (no API call), create
+the delegate in the best one, and let that target's own scheduler decide. ``PodScheduled=True``
+there binds the proxy pod to the target's virtual node; ``Unschedulable`` there, or no decision
+within ``verify_timeout``, deletes the delegate and tries the next target. When nothing fits,
+the proxy pod stays Pending with ``PodScheduled=False/Unschedulable`` and a message in
+kube-scheduler's style, and is tried again when a target or its summary changes.
+
+One invariant above all: at most one live delegate per proxy pod. Delegates are found by their
+``parent-uid`` label in every target's cache before any is created; the delegate's name is
+derived from the proxy's uid, so a retry in the same target collides instead of duplicating;
+and any extra delegate found (after a crash, say) is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+
+from multicluster import (
+    AlreadyExists,
+    ApiError,
+    Cluster,
+    Conflict,
+    Controller,
+    NotFound,
+    Request,
+    Result,
+    remove_finalizer,
+)
+from multicluster.events import EventRecorder
+from multicluster.informer import DELETED
+from multicluster.resources import PODS
+
+from ..api import keys
+from ..api.proxy import (
+    PROXY_FIELD_SELECTOR,
+    InvalidManifest,
+    controller_uid,
+    delegate_pod,
+    is_deleting,
+    is_terminal,
+    pod_condition,
+    slim_proxy,
+    source_manifest,
+)
+from ..targets.registry import TargetConnection, TargetRegistry
+from .fit import Candidate, Constraints, choose, constraints, unschedulable_message
+
+log = logging.getLogger(__name__)
+UID_INDEX = "uid"
+ASSUME_GRACE = 3.0  # summaries are written at most once a second; then watched
+EXCLUSION_TTL = 60.0
+RETRY_UNSCHEDULABLE = 60.0
+RETRY_DEBOUNCE = 0.5
+# A delegate placed at once is told by one Scheduled event; one that waits longer in its
+# target's scheduler gets a DelegateCreated event first.
+ANNOUNCE_AFTER = 2.0
+REJECTED = "target(s) rejected the delegate"
+
+
+def proxy_uid_index(pod: dict) -> list[str]:
+    return [pod["metadata"]["uid"]]
+
+
+def proxy_informer(local: Cluster):
+    """The cache of proxy pods, shared with the virtual kubelet (same selector and transform)."""
+    informer = local.informer(PODS, field_selector=PROXY_FIELD_SELECTOR, transform=slim_proxy)
+    informer.add_indexer(UID_INDEX, proxy_uid_index)
+    return informer
+
+
+def _parse_time(text: str | None) -> float:
+    if not text:
+        return time.time()
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pod_ref(pod: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
+
+
+@dataclass
+class Placement:
+    """A delegate created in a target, waiting for that target's scheduler."""
+
+    node: str
+    delegate: str
+    started: float  # wall-clock seconds
+    announced: bool = False  # a DelegateCreated event says it is waiting
+
+
+class SpreadLedger:
+    """How many pods of each owner are placed (bound or in flight) on each target."""
+
+    def __init__(self) -> None:
+        self._where: dict[str, tuple[str, str]] = {}
+        self._counts: dict[str, Counter[str]] = {}
+
+    def set(self, uid: str, owner: str | None, node: str | None) -> None:
+        old = self._where.pop(uid, None)
+        if old is not None:
+            counts = self._counts[old[0]]
+            counts[old[1]] -= 1
+            if counts[old[1]] <= 0:
+                del counts[old[1]]
+            if not counts:
+                del self._counts[old[0]]
+        if owner and node:
+            self._where[uid] = (owner, node)
+            self._counts.setdefault(owner, Counter())[node] += 1
+
+    def count(self, owner: str | None, node: str) -> int:
+        return self._counts.get(owner, {}).get(node, 0) if owner else 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        local: Cluster,
+        registry: TargetRegistry,
+        *,
+        cluster_name: str,
+        verify_timeout: float = 30.0,
+        workers: int = 64,
+    ) -> None:
+        self.local = local
+        self.registry = registry
+        self.cluster_name = cluster_name
+        self.verify_timeout = verify_timeout
+        self.events = EventRecorder(local.client, "admiralty-proxy-scheduler")
+        self.placements: dict[str, Placement] = {}
+        self.exclusions: dict[str, dict[str, tuple[str, float]]] = {}
+        self.unschedulable: set[Request] = set()
+        self.spread = SpreadLedger()
+        self._assumed: dict[str, tuple[str, dict[str, Fraction]]] = {}
+        self._assumed_totals: dict[str, dict[str, Fraction]] = {}
+        self._constraints: dict[str, Constraints] = {}
+        self._delegate_handlers: dict[str, tuple[object, object]] = {}
+        self._retry_pending = False
+        self.proxies = proxy_informer(local)
+        self.proxies.add_handler(self._track_spread)
+        self.controller = Controller("scheduler", self, workers=workers)
+        self.controller.watch(
+            local,
+            PODS,
+            field_selector=PROXY_FIELD_SELECTOR,
+            transform=slim_proxy,
+            predicates=[lambda _event, pod, _old: not pod["spec"].get("nodeName")],
+        )
+        registry.on_connected(self._connected)
+        registry.on_disconnected(self._disconnected)
+        registry.on_changed(self._target_changed)
+
+    # -- event wiring -------------------------------------------------------------------------
+
+    def _request(self, pod: dict) -> Request:
+        meta = pod["metadata"]
+        return Request(self.local.name, meta["namespace"], meta["name"])
+
+    def _track_spread(self, event: str, pod: dict, _old: dict | None, _initial: bool) -> None:
+        uid = pod["metadata"]["uid"]
+        if event == DELETED or is_terminal(pod):
+            self.spread.set(uid, None, None)
+            return
+        node = pod["spec"].get("nodeName")
+        if node is None and (placement := self.placements.get(uid)) is not None:
+            node = placement.node
+        self.spread.set(uid, controller_uid(pod), node)
+
+    def _connected(self, connection: TargetConnection) -> None:
+        informer = connection.delegates
+        if informer is None:
+            return
+
+        def on_delegate(_event: str, delegate: dict, _old: dict | None, initial: bool) -> None:
+            uid = (delegate["metadata"].get("labels") or {}).get(keys.PARENT_UID)
+            for proxy in self.proxies.by_index(UID_INDEX, uid) if uid else ():
+                if not proxy["spec"].get("nodeName"):
+                    self.controller.queue.add(self._request(proxy), low_priority=initial)
+
+        informer.add_handler(on_delegate)
+        self._delegate_handlers[connection.node_name] = (informer, on_delegate)
+        self._target_changed(connection)
+
+    def _disconnected(self, connection: TargetConnection) -> None:
+        entry = self._delegate_handlers.pop(connection.node_name, None)
+        if entry is not None:
+            informer, handler = entry
+            informer.remove_handler(handler)
+
+    def _target_changed(self, _connection: TargetConnection) -> None:
+        self._retry_unschedulable()
+
+    def _retry_unschedulable(self) -> None:
+        """Try unschedulable pods again soon (once for a burst of changes)."""
+        if self._retry_pending or not self.unschedulable:
+            return
+        self._retry_pending = True
+
+        def retry() -> None:
+            self._retry_pending = False
+            for request in self.unschedulable:
+                self.controller.queue.add(request)
+
+        asyncio.get_running_loop().call_later(RETRY_DEBOUNCE, retry)
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def _assume(self, uid: str, node: str, requests: dict[str, Fraction]) -> None:
+        self._unassume(uid)
+        self._assumed[uid] = (node, requests)
+        total = self._assumed_totals.setdefault(node, {})
+        for name, amount in requests.items():
+            total[name] = total.get(name, Fraction(0)) + amount
+
+    def _unassume(self, uid: str) -> None:
+        entry = self._assumed.pop(uid, None)
+        if entry is None:
+            return
+        node, requests = entry
+        total = self._assumed_totals.get(node, {})
+        for name, amount in requests.items():
+            total[name] = total.get(name, Fraction(0)) - amount
+            if total[name] <= 0:
+                del total[name]
+        self._retry_unschedulable()  # room may have been freed
+
+    def _settle(self, uid: str) -> None:
+        """The pod is bound (or gone): forget what was in flight; keep its resources assumed
+        until the target's summary has had time to count them."""
+        self.placements.pop(uid, None)
+        self.exclusions.pop(uid, None)
+        self._constraints.pop(uid, None)
+        if uid in self._assumed:
+            asyncio.get_running_loop().call_later(ASSUME_GRACE, self._unassume, uid)
+
+    def _forget(self, uid: str) -> None:
+        self._settle(uid)
+        self._unassume(uid)
+
+    def _exclude(self, uid: str, node: str, why: str) -> None:
+        self.exclusions.setdefault(uid, {})[node] = (why, time.monotonic() + EXCLUSION_TTL)
+        placement = self.placements.get(uid)
+        if placement is not None and placement.node == node:
+            del self.placements[uid]
+            self._unassume(uid)
+
+    def _excluded(self, uid: str) -> dict[str, str]:
+        entries = self.exclusions.get(uid)
+        if not entries:
+            return {}
+        now = time.monotonic()
+        for node in [n for n, (_, until) in entries.items() if until <= now]:
+            del entries[node]
+        return {node: why for node, (why, _) in entries.items()}
+
+    def _delegates(self, uid: str) -> list[tuple[TargetConnection, dict]]:
+        return [
+            (connection, delegate)
+            for connection in self.registry.connections.values()
+            for delegate in connection.delegates_of(uid)
+        ]
+
+    # -- reconcile ----------------------------------------------------------------------------
+
+    async def reconcile(self, request: Request) -> Result | None:
+        proxy = self.proxies.get(request.name, request.namespace)
+        if proxy is None:
+            self.unschedulable.discard(request)
+            return None
+        uid = proxy["metadata"]["uid"]
+        if proxy["spec"].get("nodeName") or is_terminal(proxy):
+            self.unschedulable.discard(request)
+            self._settle(uid)
+            return None
+        if not self.proxies.has_synced:
+            return Result(requeue_after=1.0)
+        found = self._delegates(uid)
+        if is_deleting(proxy):
+            return await self._release(request, proxy, found)
+        placement = self.placements.get(uid)
+        live = [(c, d) for c, d in found if not is_deleting(d)]
+        if placement is not None:
+            mine = [(c, d) for c, d in live if c.node_name == placement.node]
+            extra = [(c, d) for c, d in live if c.node_name != placement.node]
+        else:
+            live.sort(key=lambda cd: (not _scheduled(cd[1]), cd[1]["metadata"]["name"]))
+            mine, extra = live[:1], live[1:]
+        for connection, delegate in extra:
+            await connection.delete_delegate(delegate, "an extra delegate of this pod")
+        if mine:
+            return await self._verify(proxy, *mine[0])
+        if placement is not None:
+            connection = self.registry.by_node(placement.node)
+            waited = time.time() - placement.started
+            if connection is not None and connection.cluster is not None:
+                if waited < self.verify_timeout:
+                    return Result(requeue_after=self.verify_timeout - waited)
+                await connection.delete_delegate(_named(proxy, placement.delegate), "never seen")
+            self._exclude(uid, placement.node, "the delegate never appeared in the target")
+        return await self._place(request, proxy)
+
+    async def _verify(
+        self, proxy: dict, connection: TargetConnection, delegate: dict
+    ) -> Result | None:
+        uid = proxy["metadata"]["uid"]
+        if _scheduled(delegate):
+            await self._bind(proxy, connection, delegate)
+            return None
+        condition = pod_condition(delegate, "PodScheduled") or {}
+        placement = self.placements.get(uid)
+        if placement is None:  # found after a restart: its age counts from its creation
+            started = _parse_time(delegate["metadata"].get("creationTimestamp"))
+            placement = Placement(connection.node_name, delegate["metadata"]["name"], started)
+            self.placements[uid] = placement
+        if condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
+            why = f"{connection.name}: {condition.get('message') or 'unschedulable'}"
+        else:
+            waited = time.time() - placement.started
+            if waited < self.verify_timeout:
+                if waited < ANNOUNCE_AFTER:
+                    return Result(requeue_after=ANNOUNCE_AFTER - waited)
+                if not placement.announced:
+                    placement.announced = True
+                    self.events.emit(
+                        _pod_ref(proxy),
+                        "Normal",
+                        "DelegateCreated",
+                        f"created delegate {delegate['metadata']['name']} in target "
+                        f"{connection.name}; waiting for its scheduler",
+                    )
+                return Result(requeue_after=self.verify_timeout - waited)
+            why = f"{connection.name}: no scheduling decision within {self.verify_timeout:g}s"
+        await connection.delete_delegate(delegate, "its target could not schedule it")
+        self._exclude(uid, connection.node_name, why)
+        self.events.emit(
+            _pod_ref(proxy),
+            "Warning",
+            "DelegateUnschedulable",
+            f"target {connection.name} could not schedule delegate "
+            f"{delegate['metadata']['name']} ({why}); trying another target",
+        )
+        return await self._place(self._request(proxy), proxy)
+
+    async def _place(self, request: Request, proxy: dict) -> Result | None:
+        meta = proxy["metadata"]
+        uid, namespace = meta["uid"], meta["namespace"]
+        try:
+            manifest = source_manifest(proxy)
+            wants = self._constraints.get(uid)
+            if wants is None:
+                wants = self._constraints[uid] = constraints(manifest)
+        except (InvalidManifest, ValueError) as e:
+            await self._report_unschedulable(request, proxy, f"invalid proxy pod: {e}")
+            return None
+        owner = controller_uid(proxy)
+        excluded = self._excluded(uid)
+        candidates = []
+        allowed = 0
+        for connection in self.registry.connections.values():
+            if not connection.allows(namespace):
+                continue
+            allowed += 1
+            if connection.node_name in excluded:
+                continue
+            candidates.append(
+                Candidate(
+                    name=connection.node_name,
+                    summary=connection.summary(),
+                    ready=connection.ready and connection.delegates_synced,
+                    assumed=self._assumed_totals.get(connection.node_name, {}),
+                    siblings=self.spread.count(owner, connection.node_name),
+                )
+            )
+        feasible, reasons = choose(wants, candidates)
+        if not feasible:
+            message = unschedulable_message(
+                allowed, [*reasons.values(), *(REJECTED for _ in excluded)]
+            )
+            if excluded:
+                message += " " + "; ".join(sorted(excluded.values()))
+            await self._report_unschedulable(request, proxy, message)
+            retry = RETRY_UNSCHEDULABLE
+            if excluded:
+                retry = min(retry, EXCLUSION_TTL)
+            return Result(requeue_after=retry)
+        connection = self.registry.connections[feasible[0].name]
+        cluster = connection.cluster
+        assert cluster is not None  # feasible targets are connected
+        delegate = delegate_pod(proxy, manifest, self.cluster_name)
+        name = delegate["metadata"]["name"]
+        self.placements[uid] = Placement(connection.node_name, name, time.time())
+        self._assume(uid, connection.node_name, wants.requests)
+        self.spread.set(uid, owner, connection.node_name)
+        self.unschedulable.discard(request)
+        try:
+            await cluster.client.create(PODS, delegate, namespace)
+        except AlreadyExists:
+            pass
+        except ApiError as e:
+            why = f"{connection.name}: cannot create the delegate: {e.message}"
+            self._exclude(uid, connection.node_name, why)
+            self.spread.set(uid, owner, None)
+            self.events.emit(_pod_ref(proxy), "Warning", "FailedCreateDelegate", why)
+            log.warning(
+                "delegate not created namespace=%s proxy=%s target=%s error=%s",
+                namespace,
+                meta["name"],
+                connection.node_name,
+                e,
+            )
+            return Result(requeue=True)
+        log.debug(
+            "delegate created namespace=%s proxy=%s target=%s",
+            namespace,
+            meta["name"],
+            connection.node_name,
+        )
+        return Result(requeue_after=ANNOUNCE_AFTER)
+
+    async def _bind(self, proxy: dict, connection: TargetConnection, delegate: dict) -> None:
+        meta = proxy["metadata"]
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": connection.node_name},
+        }
+        try:
+            await self.local.client.create(
+                PODS, binding, meta["namespace"], subresource="binding", name=meta["name"]
+            )
+        except (NotFound, Conflict) as e:  # gone, or bound meanwhile: the cache will tell
+            log.info("proxy not bound namespace=%s name=%s: %s", meta["namespace"], meta["name"], e)
+            return
+        self._settle(meta["uid"])
+        where = delegate["spec"].get("nodeName")
+        self.events.emit(
+            _pod_ref(proxy),
+            "Normal",
+            "Scheduled",
+            f"Successfully assigned {meta['namespace']}/{meta['name']} to "
+            f"{connection.node_name}: delegate {delegate['metadata']['name']} created in target "
+            f"{connection.name}" + (f" and scheduled on its node {where}" if where else ""),
+        )
+
+    async def _report_unschedulable(self, request: Request, proxy: dict, message: str) -> None:
+        self.unschedulable.add(request)
+        current = pod_condition(proxy, "PodScheduled") or {}
+        if (
+            current.get("status") == "False"
+            and current.get("reason") == "Unschedulable"
+            and current.get("message") == message
+        ):
+            return
+        meta = proxy["metadata"]
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": current.get("lastTransitionTime")
+            if current.get("status") == "False"
+            else _now(),
+        }
+        try:
+            await self.local.client.patch(
+                PODS,
+                meta["name"],
+                {"status": {"conditions": [condition]}},
+                meta["namespace"],
+                patch_type="strategic",
+                subresource="status",
+            )
+        except NotFound:
+            return
+        self.events.emit(_pod_ref(proxy), "Warning", "FailedScheduling", message)
+
+    async def _release(
+        self, request: Request, proxy: dict, found: list[tuple[TargetConnection, dict]]
+    ) -> Result | None:
+        """An unbound proxy pod is being deleted: its delegates go first, then our finalizer."""
+        uid = proxy["metadata"]["uid"]
+        placement = self.placements.get(uid)
+        if placement is not None and not any(d for c, d in found if c.node_name == placement.node):
+            connection = self.registry.by_node(placement.node)
+            if connection is not None and connection.cluster is not None:
+                await connection.delete_delegate(_named(proxy, placement.delegate), "never seen")
+        for connection, delegate in found:
+            if not is_deleting(delegate):
+                await connection.delete_delegate(delegate, "its proxy pod is deleted")
+        if found:
+            return Result(requeue_after=2.0)
+        self.unschedulable.discard(request)
+        self._forget(uid)
+        await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
+        return None
+
+
+def _named(proxy: dict, name: str) -> dict:
+    """A delegate known only by its name (created, never seen in the cache)."""
+    return {"metadata": {"name": name, "namespace": proxy["metadata"]["namespace"]}}
+
+
+def _scheduled(delegate: dict) -> bool:
+    if delegate["spec"].get("nodeName"):
+        return True
+    condition = pod_condition(delegate, "PodScheduled")
+    return bool(condition and condition.get("status") == "True")

@@ -1,0 +1,308 @@
+"""The pod side of the virtual kubelet (leader only): proxy pods bound to virtual nodes.
+
+A kubelet runs the pods bound to its node and reports their status; ours has a delegate run in
+the target and reports the delegate's status on the proxy pod. When the proxy pod is deleted,
+the delegate is deleted first and our finalizer removed after it is gone. When the delegate
+disappears or is evicted, the proxy pod fails with a reason that says so, so that its owner
+replaces it: a proxy pod never "resurrects" as Pending. Delegates whose proxy pod no longer
+exists are deleted. A pod that is not a proxy but lands on a virtual node (a DaemonSet pod
+that tolerates every taint, say) is refused as a kubelet refuses a pod it cannot run: once,
+with a terminal phase and a reason, and never again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from multicluster import ApiError, Cluster, Controller, Informer, NotFound, Request, Result
+from multicluster.events import EventRecorder
+from multicluster.gc import remove_finalizer
+from multicluster.resources import PODS
+
+from ..api import keys
+from ..api.proxy import (
+    PROXY_FIELD_SELECTOR,
+    is_deleting,
+    is_terminal,
+    parent_cluster,
+    parent_uid,
+    slim_proxy,
+)
+from ..targets.registry import TargetConnection, TargetRegistry
+from .status import annotation_patch, failed_status, status_patch
+
+log = logging.getLogger(__name__)
+UID_INDEX = "uid"
+NODE_INDEX = "node"
+RECHECK = 5.0
+RELEASE_TIMEOUT = 5.0
+REFUSED_REASON = "NotProxyPod"
+
+
+def _pod_ref(pod: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
+
+
+def _node_of(pod: dict) -> list[str]:
+    node = pod["spec"].get("nodeName")
+    return [node] if node else []
+
+
+class PodSync:
+    """Three controllers: bound proxy pods, orphaned delegates, and pods that are not proxies
+    on virtual nodes."""
+
+    def __init__(
+        self, local: Cluster, registry: TargetRegistry, *, cluster_name: str, workers: int = 32
+    ) -> None:
+        self.local = local
+        self.registry = registry
+        self.cluster_name = cluster_name
+        self.events = EventRecorder(local.client, "admiralty-virtual-kubelet")
+        self.proxies_controller = Controller(
+            "virtual-kubelet-pods", self.sync_proxy, workers=workers
+        )
+        self.orphans_controller = Controller("delegate-orphans", self.sync_orphan, workers=4)
+        self.foreign_controller = Controller("virtual-node-refusals", self.refuse, workers=2)
+        self.proxies = self.proxies_controller.watch(
+            local,
+            PODS,
+            field_selector=PROXY_FIELD_SELECTOR,
+            transform=slim_proxy,
+            predicates=[lambda _event, pod, _old: bool(pod["spec"].get("nodeName"))],
+        )
+        self.proxies.add_indexer(UID_INDEX, lambda pod: [pod["metadata"]["uid"]])
+        self.proxies.add_indexer(NODE_INDEX, _node_of)
+        self._delegate_handlers: dict[str, tuple[Informer, object]] = {}
+        self._foreign: dict[str, tuple[Informer, object]] = {}
+        registry.on_connected(self._connected)
+        registry.on_disconnected(self._disconnected)
+
+    @property
+    def controllers(self) -> list[Controller]:
+        return [self.proxies_controller, self.orphans_controller, self.foreign_controller]
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def _connected(self, connection: TargetConnection) -> None:
+        informer = connection.delegates
+        if informer is None:
+            return
+        node = connection.node_name
+
+        def on_delegate(_event: str, delegate: dict, _old: dict | None, initial: bool) -> None:
+            uid = parent_uid(delegate)
+            proxies = self.proxies.by_index(UID_INDEX, uid) if uid else []
+            for proxy in proxies:
+                if proxy["spec"].get("nodeName"):
+                    meta = proxy["metadata"]
+                    request = Request(self.local.name, meta["namespace"], meta["name"])
+                    self.proxies_controller.queue.add(request, low_priority=initial)
+            if not proxies and parent_cluster(delegate) == self.cluster_name:
+                meta = delegate["metadata"]
+                request = Request(node, meta["namespace"], meta["name"])
+                self.orphans_controller.queue.add(request, low_priority=initial)
+
+        informer.add_handler(on_delegate)
+        self._delegate_handlers[node] = (informer, on_delegate)
+
+    def _disconnected(self, connection: TargetConnection) -> None:
+        entry = self._delegate_handlers.pop(connection.node_name, None)
+        if entry is not None:
+            entry[0].remove_handler(entry[1])
+
+    def watch_node(self, node: str) -> None:
+        """Refuse pods that are not proxies but land on ``node``."""
+        if node in self._foreign:
+            return
+        informer = self.local.informer(
+            PODS,
+            field_selector=f"spec.nodeName={node},spec.schedulerName!={keys.PROXY_SCHEDULER_NAME}",
+        )
+        queue = self.foreign_controller.queue
+
+        def on_pod(_event: str, pod: dict, _old: dict | None, _initial: bool) -> None:
+            if not is_terminal(pod) and not is_deleting(pod):
+                meta = pod["metadata"]
+                queue.add(Request(node, meta["namespace"], meta["name"]))
+
+        informer.add_handler(on_pod)
+        self._foreign[node] = (informer, on_pod)
+
+    async def unwatch_node(self, node: str) -> None:
+        entry = self._foreign.pop(node, None)
+        if entry is not None:
+            informer, handler = entry
+            informer.remove_handler(handler)
+            await self.local.remove_informer(informer)
+
+    # -- proxy pods bound to virtual nodes ----------------------------------------------------
+
+    async def sync_proxy(self, request: Request) -> Result | None:
+        proxy = self.proxies.get(request.name, request.namespace)
+        if proxy is None:
+            return None
+        connection = self.registry.by_node(proxy["spec"].get("nodeName"))
+        if connection is None:
+            return None  # not one of our virtual nodes (or its target is being removed)
+        uid = proxy["metadata"]["uid"]
+        here = connection.delegates_of(uid)
+        for other in self.registry.connections.values():
+            if other is connection:
+                continue
+            for delegate in other.delegates_of(uid):  # duplicates: this pod is bound here
+                if not is_deleting(delegate):
+                    await other.delete_delegate(
+                        delegate, "its proxy pod is bound to another target"
+                    )
+        if is_deleting(proxy):
+            return await self._finalize(proxy, connection, here)
+        if not connection.delegates_synced:
+            return Result(requeue_after=RECHECK)  # cannot tell: wait for the target
+        delegate = next((d for d in here if not is_deleting(d)), None)
+        if delegate is None:
+            if not here and not is_terminal(proxy):
+                await self._lost(proxy, connection)
+            return None
+        await self._mirror(proxy, connection, delegate)
+        return None
+
+    async def _finalize(
+        self, proxy: dict, connection: TargetConnection, here: list[dict]
+    ) -> Result | None:
+        for delegate in here:
+            if not is_deleting(delegate):
+                await connection.delete_delegate(delegate, "its proxy pod is deleted")
+        if here:
+            return Result(requeue_after=RECHECK)  # the delete events requeue it sooner
+        if not connection.delegates_synced:
+            return Result(requeue_after=RECHECK)  # a delegate may still run there
+        await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
+        return None
+
+    async def _mirror(self, proxy: dict, connection: TargetConnection, delegate: dict) -> None:
+        meta = proxy["metadata"]
+        annotations = annotation_patch(proxy, delegate)
+        if annotations:
+            await self.local.client.patch(
+                PODS, meta["name"], {"metadata": {"annotations": annotations}}, meta["namespace"]
+            )
+        if is_terminal(proxy):
+            return  # a terminal phase is final
+        patch = status_patch(proxy, delegate)
+        if not patch:
+            return
+        await self.local.client.patch(
+            PODS, meta["name"], {"status": patch}, meta["namespace"], subresource="status"
+        )
+        status = delegate.get("status") or {}
+        if status.get("phase") == "Failed" and status.get("reason") == "Evicted":
+            self.events.emit(
+                _pod_ref(proxy),
+                "Warning",
+                "DelegateEvicted",
+                f"delegate {delegate['metadata']['name']} was evicted from target "
+                f"{connection.name}: {status.get('message') or 'no reason given'}",
+            )
+
+    async def _lost(self, proxy: dict, connection: TargetConnection) -> None:
+        meta = proxy["metadata"]
+        message = (
+            f"the delegate of this pod in target {connection.name} was deleted outside "
+            "multicluster-scheduler; its owner will replace this pod"
+        )
+        try:
+            await self.local.client.patch(
+                PODS,
+                meta["name"],
+                {"status": failed_status(proxy, "DelegateLost", message)},
+                meta["namespace"],
+                subresource="status",
+            )
+        except NotFound:
+            return
+        self.events.emit(_pod_ref(proxy), "Warning", "DelegateLost", message)
+        log.info(
+            "delegate lost namespace=%s proxy=%s target=%s",
+            meta["namespace"],
+            meta["name"],
+            connection.node_name,
+        )
+
+    # -- delegates whose proxy pod is gone ----------------------------------------------------
+
+    async def sync_orphan(self, request: Request) -> Result | None:
+        connection = self.registry.by_node(request.cluster)
+        if connection is None or connection.delegates is None:
+            return None
+        delegate = connection.delegates.get(request.name, request.namespace)
+        if delegate is None or is_deleting(delegate):
+            return None
+        if parent_cluster(delegate) != self.cluster_name:
+            return None
+        if not self.proxies.has_synced:
+            return Result(requeue_after=1.0)
+        uid = parent_uid(delegate)
+        if uid and self.proxies.by_index(UID_INDEX, uid):
+            return None
+        await connection.delete_delegate(delegate, "its proxy pod no longer exists")
+        return None
+
+    # -- pods that are not proxies ------------------------------------------------------------
+
+    async def refuse(self, request: Request) -> Result | None:
+        entry = self._foreign.get(request.cluster)
+        if entry is None:
+            return None
+        pod = entry[0].get(request.name, request.namespace)
+        if pod is None or is_terminal(pod) or is_deleting(pod):
+            return None
+        message = (
+            f"Pod was rejected: {request.cluster} is a virtual node of multicluster-scheduler; "
+            f"it runs only proxy pods (elected pods, scheduler {keys.PROXY_SCHEDULER_NAME})"
+        )
+        try:
+            await self.local.client.patch(
+                PODS,
+                request.name,
+                {"status": {"phase": "Failed", "reason": REFUSED_REASON, "message": message}},
+                request.namespace,
+                subresource="status",
+            )
+        except NotFound:
+            return None
+        self.events.emit(pod, "Warning", REFUSED_REASON, message)
+        return None
+
+    # -- a target goes away -------------------------------------------------------------------
+
+    async def release(self, connection: TargetConnection) -> None:
+        """The target is deleted: delete its delegates while we still can, and let go of the
+        proxy pods bound to its node (finalizer removed, pod deleted) so owners replace them."""
+        for proxy in self.proxies.by_index(NODE_INDEX, connection.node_name):
+            meta = proxy["metadata"]
+            try:
+                async with asyncio.timeout(RELEASE_TIMEOUT):
+                    for delegate in connection.delegates_of(meta["uid"]):
+                        await connection.delete_delegate(delegate, "its target is deleted")
+            except (TimeoutError, ApiError) as e:
+                log.warning(
+                    "delegate not deleted with its target namespace=%s proxy=%s target=%s: %s",
+                    meta["namespace"],
+                    meta["name"],
+                    connection.node_name,
+                    e,
+                )
+            try:
+                await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
+                await self.local.client.delete(
+                    PODS, meta["name"], meta["namespace"], missing_ok=True, grace_period_seconds=0
+                )
+            except ApiError as e:
+                log.warning(
+                    "proxy pod not released namespace=%s name=%s: %s",
+                    meta["namespace"],
+                    meta["name"],
+                    e,
+                )

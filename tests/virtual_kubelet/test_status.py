@@ -1,0 +1,362 @@
+"""What a proxy pod shows of its delegate: status and annotations mirrored as merge patches, and
+the Failed status of a proxy pod whose delegate is lost."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from multicluster_scheduler.api import keys
+from multicluster_scheduler.virtual_kubelet.status import (
+    MIRRORED_STATUS,
+    annotation_patch,
+    failed_status,
+    status_patch,
+)
+
+STARTED = "2024-05-01T10:00:00Z"
+
+
+def merge(target, patch):
+    """RFC 7386 JSON merge patch, as the API server applies it."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge(result.get(key), value)
+    return result
+
+
+def pod(status: dict | None = None, annotations: dict | None = None) -> dict:
+    meta: dict = {"name": "web", "namespace": "default", "uid": "u"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"metadata": meta, "status": status} if status is not None else {"metadata": meta}
+
+
+def condition(kind: str, status: str = "True") -> dict:
+    return {"type": kind, "status": status, "lastTransitionTime": STARTED}
+
+
+def running(name: str = "web") -> dict:
+    return {
+        "name": name,
+        "ready": True,
+        "started": True,
+        "restartCount": 0,
+        "image": "nginx",
+        "state": {"running": {"startedAt": STARTED}},
+    }
+
+
+def waiting(name: str = "web", reason: str = "ContainerCreating") -> dict:
+    return {
+        "name": name,
+        "ready": False,
+        "restartCount": 0,
+        "state": {"waiting": {"reason": reason}},
+    }
+
+
+def terminated(name: str = "job") -> dict:
+    return {
+        "name": name,
+        "ready": False,
+        "restartCount": 0,
+        "state": {
+            "terminated": {
+                "exitCode": 0,
+                "reason": "Completed",
+                "startedAt": STARTED,
+                "finishedAt": "2024-05-01T10:01:00Z",
+            }
+        },
+    }
+
+
+RUNNING = {
+    "phase": "Running",
+    "conditions": [
+        condition("Initialized"),
+        condition("Ready"),
+        condition("ContainersReady"),
+        condition("PodScheduled"),
+    ],
+    "hostIP": "192.168.1.10",
+    "hostIPs": [{"ip": "192.168.1.10"}],
+    "podIP": "10.244.1.7",
+    "podIPs": [{"ip": "10.244.1.7"}],
+    "startTime": STARTED,
+    "initContainerStatuses": [terminated("init")],
+    "containerStatuses": [running("web"), running("sidecar")],
+    "qosClass": "Burstable",
+}
+
+PROXY_PENDING = {
+    "phase": "Pending",
+    "conditions": [condition("PodScheduled")],
+    "qosClass": "BestEffort",
+}
+
+
+def mirrored(status: dict) -> dict:
+    return {k: v for k, v in status.items() if k in MIRRORED_STATUS}
+
+
+# status_patch
+
+
+def test_no_patch_when_the_proxy_already_mirrors_the_delegate():
+    assert status_patch(pod(copy.deepcopy(RUNNING)), pod(RUNNING)) is None
+
+
+def test_fields_that_are_not_mirrored_do_not_count():
+    proxy = {**RUNNING, "qosClass": "BestEffort", "nominatedNodeName": "n"}
+    assert status_patch(pod(proxy), pod(RUNNING)) is None
+
+
+@pytest.mark.parametrize(
+    "delegate",
+    [
+        pod(),
+        pod({}),
+        pod({"phase": "Pending"}),
+        pod({"phase": "Pending", "containerStatuses": []}),
+        pod(
+            {
+                "phase": "Pending",
+                "conditions": [condition("PodScheduled", "False")],
+                "reason": "Unschedulable",
+            }
+        ),
+    ],
+)
+def test_no_patch_while_the_delegate_is_pending_without_container_statuses(delegate):
+    assert status_patch(pod(PROXY_PENDING), delegate) is None
+
+
+def test_a_pending_delegate_with_container_statuses_is_mirrored():
+    delegate = {
+        "phase": "Pending",
+        "conditions": [condition("PodScheduled")],
+        "hostIP": "192.168.1.10",
+        "startTime": STARTED,
+        "containerStatuses": [waiting()],
+    }
+    patch = status_patch(pod(PROXY_PENDING), pod(delegate))
+    assert patch == {
+        "hostIP": "192.168.1.10",
+        "startTime": STARTED,
+        "containerStatuses": [waiting()],
+    }
+
+
+def test_a_running_delegate_is_mirrored():
+    patch = status_patch(pod(PROXY_PENDING), pod(RUNNING))
+    assert patch == mirrored(RUNNING)
+    assert merge(PROXY_PENDING, patch) == {**RUNNING, "qosClass": "BestEffort"}
+
+
+def test_a_proxy_without_status_gets_the_delegate_s():
+    assert status_patch(pod(), pod(RUNNING)) == mirrored(RUNNING)
+
+
+def test_only_what_changed_is_patched():
+    delegate = copy.deepcopy(RUNNING)
+    delegate["containerStatuses"][1]["restartCount"] = 1
+    assert status_patch(pod(RUNNING), pod(delegate)) == {
+        "containerStatuses": delegate["containerStatuses"]
+    }
+
+
+def test_lists_are_replaced_whole():
+    delegate = {**RUNNING, "conditions": [condition("Ready", "False")]}
+    assert status_patch(pod(RUNNING), pod(delegate)) == {
+        "conditions": [condition("Ready", "False")]
+    }
+
+
+def test_a_finished_delegate_is_mirrored():
+    delegate = {
+        **RUNNING,
+        "phase": "Succeeded",
+        "containerStatuses": [terminated("web"), terminated("sidecar")],
+    }
+    assert status_patch(pod(RUNNING), pod(delegate)) == {
+        "phase": "Succeeded",
+        "containerStatuses": delegate["containerStatuses"],
+    }
+
+
+def test_an_evicted_delegate_is_mirrored_with_its_reason_and_message():
+    delegate = {
+        "phase": "Failed",
+        "reason": "Evicted",
+        "message": "The node was low on resource: memory.",
+        "startTime": STARTED,
+        "containerStatuses": [terminated("web")],
+    }
+    patch = status_patch(pod(RUNNING), pod(delegate))
+    assert patch["phase"] == "Failed"
+    assert patch["reason"] == "Evicted"
+    assert patch["message"] == "The node was low on resource: memory."
+
+
+def test_fields_removed_on_the_delegate_become_null():
+    delegate = {
+        k: v for k, v in RUNNING.items() if k not in ("podIP", "podIPs", "initContainerStatuses")
+    }
+    proxy = {**RUNNING, "message": "old", "reason": "Old"}
+    patch = status_patch(pod(proxy), pod(delegate))
+    assert patch == {
+        "podIP": None,
+        "podIPs": None,
+        "initContainerStatuses": None,
+        "message": None,
+        "reason": None,
+    }
+    assert merge(proxy, patch) == delegate
+
+
+def test_the_inputs_are_not_mutated():
+    proxy, delegate = pod(copy.deepcopy(PROXY_PENDING)), pod(copy.deepcopy(RUNNING))
+    status_patch(proxy, delegate)
+    assert proxy == pod(PROXY_PENDING)
+    assert delegate == pod(RUNNING)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=8,
+)
+# Mirrored fields are strings or lists, which a merge patch replaces whole.
+STATUSES = st.dictionaries(
+    st.sampled_from([*MIRRORED_STATUS, "qosClass", "nominatedNodeName"]),
+    st.sampled_from(["Pending", "Running", "Failed"]) | st.text(max_size=5) | st.lists(JSON),
+)
+
+
+@given(STATUSES, STATUSES)
+def test_applying_the_patch_mirrors_the_delegate(have, want):
+    patch = status_patch(pod(have), pod(want))
+    if patch is None:
+        started = want.get("phase", "Pending") != "Pending" or want.get("containerStatuses")
+        assert not started or mirrored(have) == mirrored(want)
+    else:
+        assert set(patch) <= set(MIRRORED_STATUS)
+        assert mirrored(merge(have, patch)) == mirrored(want)
+        assert merge(have, patch).get("qosClass") == have.get("qosClass")
+
+
+# annotation_patch
+
+
+def test_annotations_outside_our_prefix_that_differ():
+    proxy = pod(annotations={"same": "1", "changed": "old", keys.SOURCEPOD_MANIFEST: "{}"})
+    delegate = pod(
+        annotations={
+            "same": "1",
+            "changed": "new",
+            "added": "x",
+            keys.PARENT_NAME: "web",
+            keys.PARENT_CLUSTER_NAME: "c1",
+            keys.PREFIX + "anything": "y",
+        }
+    )
+    assert annotation_patch(proxy, delegate) == {"changed": "new", "added": "x"}
+
+
+def test_no_annotation_patch_when_nothing_differs():
+    annotations = {"same": "1", keys.PARENT_NAME: "other"}
+    assert annotation_patch(pod(annotations={"same": "1"}), pod(annotations=annotations)) is None
+
+
+@pytest.mark.parametrize("annotations", [None, {}])
+def test_no_annotation_patch_from_a_delegate_without_annotations(annotations):
+    assert annotation_patch(pod(annotations={"a": "b"}), pod(annotations=annotations)) is None
+
+
+def test_annotations_missing_on_the_delegate_are_left_alone():
+    assert annotation_patch(pod(annotations={"a": "b"}), pod(annotations={"c": "d"})) == {"c": "d"}
+
+
+def test_a_proxy_without_annotations():
+    assert annotation_patch(pod(), pod(annotations={"a": "b"})) == {"a": "b"}
+
+
+# failed_status
+
+
+def timestamp(text: str) -> dt.datetime:
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+
+
+def test_failed_with_the_reason_and_message():
+    patch = failed_status(pod(), "DelegateLost", "the delegate was deleted")
+    assert patch == {
+        "phase": "Failed",
+        "reason": "DelegateLost",
+        "message": "the delegate was deleted",
+    }
+
+
+def test_running_containers_are_reported_terminated():
+    before = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    patch = failed_status(pod(RUNNING), "DelegateLost", "gone")
+    after = dt.datetime.now(dt.UTC)
+    assert [c["name"] for c in patch["containerStatuses"]] == ["web", "sidecar"]
+    for status in patch["containerStatuses"]:
+        assert status["ready"] is False
+        assert set(status["state"]) == {"terminated"}
+        state = status["state"]["terminated"]
+        assert state["reason"] == "DelegateLost"
+        assert state["message"] == "gone"
+        assert state["exitCode"] != 0
+        assert state["startedAt"] == STARTED
+        assert before <= timestamp(state["finishedAt"]) <= after
+        assert status["image"] == "nginx"
+
+
+def test_terminated_containers_are_left_as_they_are():
+    status = {**RUNNING, "containerStatuses": [terminated("job"), running("web")]}
+    patch = failed_status(pod(status), "DelegateLost", "gone")
+    assert patch["containerStatuses"][0] == terminated("job")
+    assert "terminated" in patch["containerStatuses"][1]["state"]
+
+
+def test_waiting_containers_are_reported_terminated():
+    status = {"phase": "Pending", "containerStatuses": [waiting()]}
+    (container,) = failed_status(pod(status), "DelegateLost", "gone")["containerStatuses"]
+    assert set(container["state"]) == {"terminated"}
+    assert container["state"]["terminated"]["finishedAt"]
+
+
+def test_ready_conditions_become_false():
+    patch = failed_status(pod(RUNNING), "DelegateLost", "gone")
+    by_type = {c["type"]: c for c in patch["conditions"]}
+    assert [c["type"] for c in patch["conditions"]] == [c["type"] for c in RUNNING["conditions"]]
+    for kind in ("Ready", "ContainersReady"):
+        assert by_type[kind]["status"] == "False"
+        assert by_type[kind]["reason"] == "DelegateLost"
+    assert by_type["PodScheduled"] == condition("PodScheduled")
+    assert by_type["Initialized"] == condition("Initialized")
+
+
+def test_failed_status_does_not_mutate_the_proxy():
+    proxy = pod(copy.deepcopy(RUNNING))
+    failed_status(proxy, "DelegateLost", "gone")
+    assert proxy == pod(RUNNING)
+
+
+def test_a_failed_proxy_is_terminal_for_its_owner():
+    proxy = merge(RUNNING, failed_status(pod(RUNNING), "DelegateLost", "gone"))
+    assert proxy["phase"] == "Failed"
+    assert all("terminated" in c["state"] and not c["ready"] for c in proxy["containerStatuses"])
