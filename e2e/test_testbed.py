@@ -63,6 +63,9 @@ def test_deployment_runs_then_controllers_clean_up(
         },
     }
     for context in testbed.clusters:
+        # Nodes tainted for a moment (after an API server restart by an earlier test, or lease
+        # renewals late under load) would not get pods: spreading needs them all.
+        testbed[context].wait_settled()
         kubectl.apply(context, deployment)
     for context in testbed.clusters:
         wait_for(

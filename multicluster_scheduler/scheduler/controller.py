@@ -284,7 +284,7 @@ class Scheduler:
             self.unschedulable.discard(request)
             self._settle(uid)
             return None
-        if not self.proxies.has_synced:
+        if not self.proxies.has_synced or not self.registry.settled():
             return Result(requeue_after=1.0)
         found = self._delegates(uid)
         if is_deleting(proxy):

@@ -129,6 +129,9 @@ class TargetsReconciler:
         for informer in (self.targets, self.cluster_targets):
             informer.add_indexer("secret", lambda t: [r] if (r := secret_reference(t)) else [])
         self.events = EventRecorder(local.client, "multicluster-scheduler")
+        registry.targets_listed = lambda: (
+            self.targets.has_synced and self.cluster_targets.has_synced
+        )
         self.controller: Controller | None = None
         self._config_keys: dict[str, tuple] = {}
         self._handlers: dict[str, object] = {}

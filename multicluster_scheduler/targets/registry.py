@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from ..api.proxy import parent_uid
 
 log = logging.getLogger(__name__)
 DELEGATE_INDEX = "parent-uid"
+SETTLE_GRACE = 15.0
 
 
 def by_parent_uid(pod: dict) -> list[str]:
@@ -105,12 +107,23 @@ class TargetRegistry:
         self._connected: list[Callback] = []
         self._disconnected: list[Callback] = []
         self._changed: list[Callback] = []
+        self._created = time.monotonic()
+        self.targets_listed: Callable[[], bool] = lambda: True
 
     def on_added(self, listener: Listener) -> None:
         self._added.append(listener)
 
     def on_removed(self, listener: Listener) -> None:
         self._removed.append(listener)
+
+    def settled(self, grace: float = SETTLE_GRACE) -> bool:
+        """Every Target is known and has tried to connect once (or ``grace`` seconds passed):
+        until then, "no target fits" may only mean "not connected yet"."""
+        if time.monotonic() - self._created > grace:
+            return True
+        return self.targets_listed() and all(
+            c.reason != "Connecting" for c in self.connections.values()
+        )
 
     def on_connected(self, callback: Callback) -> None:
         """Called when a connection gets its cluster and informers (they are new each time)."""

@@ -106,6 +106,13 @@ class PodSync:
 
         informer.add_handler(on_delegate)
         self._delegate_handlers[node] = (informer, on_delegate)
+        # Proxy pods bound there before we connected (an agent restart): a delegate that went
+        # away meanwhile sends no event.
+        for proxy in self.proxies.by_index(NODE_INDEX, node):
+            meta = proxy["metadata"]
+            self.proxies_controller.queue.add(
+                Request(self.local.name, meta["namespace"], meta["name"]), low_priority=True
+            )
 
     def _disconnected(self, connection: TargetConnection) -> None:
         entry = self._delegate_handlers.pop(connection.node_name, None)
