@@ -357,6 +357,8 @@ def test_pods_that_are_not_proxies_are_refused_by_virtual_nodes_once(guide, kube
         SOURCE, "get", "events", "-n", namespace, "--field-selector", "reason=NotProxyPod"
     )["items"]
     first = len(events)
+    assert first >= 2, "each refusal is told by an event"
+    assert all(e["involvedObject"]["kind"] == "Pod" for e in events)
     time.sleep(20)
     events = kubectl.json(
         SOURCE, "get", "events", "-n", namespace, "--field-selector", "reason=NotProxyPod"

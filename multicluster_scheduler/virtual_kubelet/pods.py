@@ -279,7 +279,7 @@ class PodSync:
             )
         except NotFound:
             return None
-        self.events.emit(pod, "Warning", REFUSED_REASON, message)
+        self.events.emit(_pod_ref(pod), "Warning", REFUSED_REASON, message)
         return None
 
     # -- a target goes away -------------------------------------------------------------------
