@@ -14,6 +14,8 @@ import re
 import orjson
 import yaml
 
+from multicluster import is_deleting as is_deleting  # the runtime's, re-exported
+
 from . import keys
 
 PROXY_FIELD_SELECTOR = f"spec.schedulerName={keys.PROXY_SCHEDULER_NAME}"
@@ -35,10 +37,6 @@ def is_proxy(pod: dict) -> bool:
 
 def is_terminal(pod: dict) -> bool:
     return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
-
-
-def is_deleting(obj: dict) -> bool:
-    return bool(obj["metadata"].get("deletionTimestamp"))
 
 
 def controller_uid(pod: dict) -> str | None:
@@ -144,6 +142,19 @@ def delegate_pod(proxy: dict, manifest: dict, cluster_name: str) -> dict:
         },
         "spec": spec,
     }
+
+
+PROXY_UID_INDEX = "uid"
+
+
+def proxy_uid_index(pod: dict) -> list[str]:
+    """Index proxy pods by uid: delegates name their proxy pod by its uid."""
+    return [pod["metadata"]["uid"]]
+
+
+def pod_reference(pod: dict) -> dict:
+    """A cached pod (lists carry no kind) as events need it."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
 
 
 def parent_uid(delegate: dict) -> str | None:

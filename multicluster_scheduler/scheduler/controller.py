@@ -41,12 +41,15 @@ from multicluster.resources import PODS
 from ..api import keys
 from ..api.proxy import (
     PROXY_FIELD_SELECTOR,
+    PROXY_UID_INDEX,
     InvalidManifest,
     controller_uid,
     delegate_pod,
     is_deleting,
     is_terminal,
     pod_condition,
+    pod_reference,
+    proxy_uid_index,
     slim_proxy,
     source_manifest,
 )
@@ -54,7 +57,6 @@ from ..targets.registry import TargetConnection, TargetRegistry
 from .fit import Candidate, Constraints, choose, constraints, unschedulable_message
 
 log = logging.getLogger(__name__)
-UID_INDEX = "uid"
 ASSUME_GRACE = 3.0  # summaries are written at most once a second; then watched
 EXCLUSION_TTL = 60.0
 RETRY_UNSCHEDULABLE = 60.0
@@ -65,14 +67,10 @@ ANNOUNCE_AFTER = 2.0
 REJECTED = "target(s) rejected the delegate"
 
 
-def proxy_uid_index(pod: dict) -> list[str]:
-    return [pod["metadata"]["uid"]]
-
-
 def proxy_informer(local: Cluster):
     """The cache of proxy pods, shared with the virtual kubelet (same selector and transform)."""
     informer = local.informer(PODS, field_selector=PROXY_FIELD_SELECTOR, transform=slim_proxy)
-    informer.add_indexer(UID_INDEX, proxy_uid_index)
+    informer.add_indexer(PROXY_UID_INDEX, proxy_uid_index)
     return informer
 
 
@@ -84,10 +82,6 @@ def _parse_time(text: str | None) -> float:
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _pod_ref(pod: dict) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
 
 
 @dataclass
@@ -185,7 +179,7 @@ class Scheduler:
 
         def on_delegate(_event: str, delegate: dict, _old: dict | None, initial: bool) -> None:
             uid = (delegate["metadata"].get("labels") or {}).get(keys.PARENT_UID)
-            for proxy in self.proxies.by_index(UID_INDEX, uid) if uid else ():
+            for proxy in self.proxies.by_index(PROXY_UID_INDEX, uid) if uid else ():
                 if not proxy["spec"].get("nodeName"):
                     self.controller.queue.add(self._request(proxy), low_priority=initial)
 
@@ -334,7 +328,7 @@ class Scheduler:
                 if not placement.announced:
                     placement.announced = True
                     self.events.emit(
-                        _pod_ref(proxy),
+                        pod_reference(proxy),
                         "Normal",
                         "DelegateCreated",
                         f"created delegate {delegate['metadata']['name']} in target "
@@ -345,7 +339,7 @@ class Scheduler:
         await connection.delete_delegate(delegate, "its target could not schedule it")
         self._exclude(uid, connection.node_name, why)
         self.events.emit(
-            _pod_ref(proxy),
+            pod_reference(proxy),
             "Warning",
             "DelegateUnschedulable",
             f"target {connection.name} could not schedule delegate "
@@ -412,7 +406,7 @@ class Scheduler:
             why = f"{connection.name}: cannot create the delegate: {e.message}"
             self._exclude(uid, connection.node_name, why)
             self.spread.set(uid, owner, None)
-            self.events.emit(_pod_ref(proxy), "Warning", "FailedCreateDelegate", why)
+            self.events.emit(pod_reference(proxy), "Warning", "FailedCreateDelegate", why)
             log.warning(
                 "delegate not created namespace=%s proxy=%s target=%s error=%s",
                 namespace,
@@ -447,7 +441,7 @@ class Scheduler:
         self._settle(meta["uid"])
         where = delegate["spec"].get("nodeName")
         self.events.emit(
-            _pod_ref(proxy),
+            pod_reference(proxy),
             "Normal",
             "Scheduled",
             f"Successfully assigned {meta['namespace']}/{meta['name']} to "
@@ -486,7 +480,7 @@ class Scheduler:
             )
         except NotFound:
             return
-        self.events.emit(_pod_ref(proxy), "Warning", "FailedScheduling", message)
+        self.events.emit(pod_reference(proxy), "Warning", "FailedScheduling", message)
 
     async def _release(
         self, request: Request, proxy: dict, found: list[tuple[TargetConnection, dict]]

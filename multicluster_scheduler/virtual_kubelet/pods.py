@@ -23,25 +23,23 @@ from multicluster.resources import PODS
 from ..api import keys
 from ..api.proxy import (
     PROXY_FIELD_SELECTOR,
+    PROXY_UID_INDEX,
     is_deleting,
     is_terminal,
     parent_cluster,
     parent_uid,
+    pod_reference,
+    proxy_uid_index,
     slim_proxy,
 )
 from ..targets.registry import TargetConnection, TargetRegistry
 from .status import annotation_patch, failed_status, status_patch
 
 log = logging.getLogger(__name__)
-UID_INDEX = "uid"
 NODE_INDEX = "node"
 RECHECK = 5.0
 RELEASE_TIMEOUT = 5.0
 REFUSED_REASON = "NotProxyPod"
-
-
-def _pod_ref(pod: dict) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
 
 
 def _node_of(pod: dict) -> list[str]:
@@ -72,7 +70,7 @@ class PodSync:
             transform=slim_proxy,
             predicates=[lambda _event, pod, _old: bool(pod["spec"].get("nodeName"))],
         )
-        self.proxies.add_indexer(UID_INDEX, lambda pod: [pod["metadata"]["uid"]])
+        self.proxies.add_indexer(PROXY_UID_INDEX, proxy_uid_index)
         self.proxies.add_indexer(NODE_INDEX, _node_of)
         self._delegate_handlers: dict[str, tuple[Informer, object]] = {}
         self._foreign: dict[str, tuple[Informer, object]] = {}
@@ -93,7 +91,7 @@ class PodSync:
 
         def on_delegate(_event: str, delegate: dict, _old: dict | None, initial: bool) -> None:
             uid = parent_uid(delegate)
-            proxies = self.proxies.by_index(UID_INDEX, uid) if uid else []
+            proxies = self.proxies.by_index(PROXY_UID_INDEX, uid) if uid else []
             for proxy in proxies:
                 if proxy["spec"].get("nodeName"):
                     meta = proxy["metadata"]
@@ -206,7 +204,7 @@ class PodSync:
         status = delegate.get("status") or {}
         if status.get("phase") == "Failed" and status.get("reason") == "Evicted":
             self.events.emit(
-                _pod_ref(proxy),
+                pod_reference(proxy),
                 "Warning",
                 "DelegateEvicted",
                 f"delegate {delegate['metadata']['name']} was evicted from target "
@@ -229,7 +227,7 @@ class PodSync:
             )
         except NotFound:
             return
-        self.events.emit(_pod_ref(proxy), "Warning", "DelegateLost", message)
+        self.events.emit(pod_reference(proxy), "Warning", "DelegateLost", message)
         log.info(
             "delegate lost namespace=%s proxy=%s target=%s",
             meta["namespace"],
@@ -251,7 +249,7 @@ class PodSync:
         if not self.proxies.has_synced:
             return Result(requeue_after=1.0)
         uid = parent_uid(delegate)
-        if uid and self.proxies.by_index(UID_INDEX, uid):
+        if uid and self.proxies.by_index(PROXY_UID_INDEX, uid):
             return None
         await connection.delete_delegate(delegate, "its proxy pod no longer exists")
         return None
@@ -279,7 +277,7 @@ class PodSync:
             )
         except NotFound:
             return None
-        self.events.emit(_pod_ref(pod), "Warning", REFUSED_REASON, message)
+        self.events.emit(pod_reference(pod), "Warning", REFUSED_REASON, message)
         return None
 
     # -- a target goes away -------------------------------------------------------------------
