@@ -33,6 +33,7 @@ from multicluster import (
 from multicluster.config import ConfigError
 from multicluster.resources import NAMESPACES
 
+from .follow.controller import Follow
 from .scheduler.controller import Scheduler
 from .summary.controller import summary_controller
 from .targets.controller import targets_controller
@@ -234,12 +235,16 @@ async def run(settings: AgentSettings) -> None:
     manager.add_controller(summary_controller(cluster, exclude=exclude))
     registry = TargetRegistry()
     manager.add_controller(targets_controller(cluster, manager, registry, cluster_options=options))
+    follow = Follow(cluster, registry, cluster_name=cluster_name)
+    for controller in follow.controllers:
+        manager.add_controller(controller)
     scheduler = Scheduler(
         cluster,
         registry,
         cluster_name=cluster_name,
         verify_timeout=settings.delegate_timeout,
         workers=settings.scheduler_workers,
+        prepare=follow.prepare,
     )
     manager.add_controller(scheduler.controller)
     pods = PodSync(cluster, registry, cluster_name=cluster_name)

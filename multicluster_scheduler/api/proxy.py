@@ -17,6 +17,7 @@ import yaml
 from multicluster import is_deleting as is_deleting  # the runtime's, re-exported
 
 from . import keys
+from .follow import reference_keys
 
 PROXY_FIELD_SELECTOR = f"spec.schedulerName={keys.PROXY_SCHEDULER_NAME}"
 DELEGATE_LABEL_SELECTOR = keys.PARENT_UID
@@ -199,9 +200,15 @@ def slim_proxy(pod: dict) -> dict:
 
 
 def slim_delegate(pod: dict) -> dict:
-    meta = pod["metadata"]
-    return {
+    """What the caches keep of a delegate: identity, node, status, and the config maps and
+    secrets it uses (``Kind:namespace/name``, for the follow controller)."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    slim = {
         "metadata": {k: meta[k] for k in _DELEGATE_METADATA if k in meta},
-        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "spec": {"nodeName": spec.get("nodeName")},
         "status": pod.get("status") or {},
     }
+    used = reference_keys(meta.get("namespace") or "", spec)
+    if used:
+        slim["references"] = used
+    return slim

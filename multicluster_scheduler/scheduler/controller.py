@@ -20,6 +20,7 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -65,6 +66,11 @@ RETRY_DEBOUNCE = 0.5
 # target's scheduler gets a DelegateCreated event first.
 ANNOUNCE_AFTER = 2.0
 REJECTED = "target(s) rejected the delegate"
+
+
+# Called with the target and the delegate just before the delegate is created there (the follow
+# controller copies the config maps and secrets it uses).
+Prepare = Callable[[TargetConnection, dict], Awaitable[None]]
 
 
 def proxy_informer(local: Cluster):
@@ -127,8 +133,10 @@ class Scheduler:
         cluster_name: str,
         verify_timeout: float = 30.0,
         workers: int = 64,
+        prepare: Prepare | None = None,
     ) -> None:
         self.local = local
+        self.prepare = prepare
         self.registry = registry
         self.cluster_name = cluster_name
         self.verify_timeout = verify_timeout
@@ -398,6 +406,8 @@ class Scheduler:
         self._assume(uid, connection.node_name, wants.requests)
         self.spread.set(uid, owner, connection.node_name)
         self.unschedulable.discard(request)
+        if self.prepare is not None:
+            await self.prepare(connection, delegate)
         try:
             await cluster.client.create(PODS, delegate, namespace)
         except AlreadyExists:

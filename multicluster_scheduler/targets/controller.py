@@ -32,7 +32,14 @@ from ..api import keys
 from ..api.naming import virtual_node_name
 from ..api.proxy import DELEGATE_LABEL_SELECTOR, slim_delegate
 from ..api.resources import CLUSTER_SUMMARIES, CLUSTER_TARGETS, TARGETS
-from .registry import DELEGATE_INDEX, TargetConnection, TargetRegistry, by_parent_uid
+from .registry import (
+    DELEGATE_INDEX,
+    REFERENCE_INDEX,
+    TargetConnection,
+    TargetRegistry,
+    by_parent_uid,
+    by_reference,
+)
 
 log = logging.getLogger(__name__)
 SINGLETON = f"metadata.name={keys.CLUSTER_SUMMARY_NAME}"
@@ -211,6 +218,7 @@ class TargetsReconciler:
             transform=slim_delegate,
         )
         delegates.add_indexer(DELEGATE_INDEX, by_parent_uid)
+        delegates.add_indexer(REFERENCE_INDEX, by_reference)
         connection.cluster, connection.summaries = cluster, summaries
         connection.delegates = delegates
         if cluster is not self.local:

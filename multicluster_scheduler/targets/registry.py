@@ -27,9 +27,17 @@ DELEGATE_INDEX = "parent-uid"
 SETTLE_GRACE = 15.0
 
 
+REFERENCE_INDEX = "references"
+
+
 def by_parent_uid(pod: dict) -> list[str]:
     uid = parent_uid(pod)
     return [uid] if uid else []
+
+
+def by_reference(pod: dict) -> list[str]:
+    """Config maps and secrets a (slim) delegate uses, as ``Kind:namespace/name``."""
+    return pod.get("references") or []
 
 
 @dataclass
@@ -63,6 +71,12 @@ class TargetConnection:
     def delegates_synced(self) -> bool:
         informer = self.delegates
         return informer is not None and informer.has_synced and informer.last_error is None
+
+    def delegates_using(self, reference: str) -> list[dict]:
+        """Delegates that use a config map or secret (``Kind:namespace/name``)."""
+        if self.delegates is None:
+            return []
+        return self.delegates.by_index(REFERENCE_INDEX, reference)
 
     def delegates_of(self, proxy_uid: str) -> list[dict]:
         if self.delegates is None:

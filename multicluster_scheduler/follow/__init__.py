@@ -1,0 +1,1 @@
+"""Config maps and secrets that follow delegates to their targets."""
