@@ -22,6 +22,9 @@ KINDS = (CONFIG_MAP, SECRET)
 # Not copied: the token controller of the target owns such secrets (and deletes those whose
 # service account it does not know).
 UNFOLLOWED_SECRET_TYPES = frozenset({"kubernetes.io/service-account-token"})
+# Every namespace of every cluster has its own, published by the root-CA publisher (it is in the
+# service-account volume the target's admission adds to each delegate).
+UNFOLLOWED_CONFIG_MAPS = frozenset({"kube-root-ca.crt"})
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 CONTENT_FIELDS = ("data", "binaryData", "type", "immutable")
 
@@ -65,7 +68,7 @@ def references(spec: dict) -> dict[str, set[str]]:
             config_maps.update(_names(env_from, "configMapRef", "name"))
             secrets.update(_names(env_from, "secretRef", "name"))
     secrets.update(_names(spec.get("imagePullSecrets"), "name"))
-    return {CONFIG_MAP: config_maps, SECRET: secrets}
+    return {CONFIG_MAP: config_maps - UNFOLLOWED_CONFIG_MAPS, SECRET: secrets}
 
 
 def reference_keys(namespace: str, spec: dict) -> list[str]:
@@ -161,4 +164,6 @@ def slim_followed(obj: dict) -> dict:
     result = {"metadata": slim, "hash": content_hash(obj)}
     if obj.get("type"):
         result["type"] = obj["type"]
+    if obj.get("immutable"):
+        result["immutable"] = True
     return result

@@ -2,17 +2,19 @@
 use them.
 
 For each config map and secret of this cluster, one reconcile decides, target by target, whether
-a copy must exist there: yes while a delegate in that target uses it (its volumes, ``env``,
-``envFrom`` or image pull secrets), no otherwise. Copies are created, kept equal to their source
-and deleted when no longer used; the source object carries our finalizer while it has copies, so
-that deleting it deletes them first. Nothing is copied to self targets (the object is there
-already). An object of the same name in a target that is not our copy is never overwritten: a
-Warning event on the source says so.
+a copy must exist there: yes while a delegate of this cluster in that target uses it (its
+volumes, ``env``, ``envFrom`` or image pull secrets), no otherwise. Copies are created, kept
+equal to their source and deleted when no longer used; the source object carries our finalizer
+while it has copies, so that deleting it deletes them first. Nothing is copied to self targets
+(the object is there already). An object of the same name in a target that is not our copy is
+never overwritten: a Warning event on the source says so.
 
 The scheduler calls :meth:`Follow.prepare` before it creates a delegate, so that a delegate
 normally finds its config maps and secrets in place when it starts; the reconciles triggered
-by delegates, copies and sources then keep everything in step. A copy younger than
-``GRACE`` seconds is not deleted for want of users: its delegate may not be cached yet.
+by delegates, copies and sources then keep everything in step. Targets are handled
+concurrently, each within ``TARGET_TIMEOUT``: a slow or unreachable target never holds up
+another. A copy is not deleted for want of users while its target's delegates are not all
+cached, nor in the ``GRACE`` seconds after it was written (its delegate may be on its way).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
+from collections.abc import AsyncIterator
 
 from multicluster import (
     AlreadyExists,
@@ -51,12 +54,20 @@ from ..api.follow import (
     references,
     slim_followed,
 )
+from ..api.proxy import parent_cluster
 from ..targets.registry import TargetConnection, TargetRegistry
 
 log = logging.getLogger(__name__)
 GRACE = 30.0
-RETRY_CONFLICT = 60.0
+TARGET_TIMEOUT = 10.0
+PREPARE_TIMEOUT = 5.0
+NOT_CACHED_RETRY = 2.0
+FOREIGN_RETRY = 60.0  # someone else's object of the same name: looked at again after this
+WARN_EVERY = 600.0
+RESYNC_EVERY = 300.0
 RESOURCES: dict[str, Resource] = {CONFIG_MAP: CONFIGMAPS, SECRET: SECRETS}
+
+Key = tuple[str, str, str]  # (virtual node, namespace, name)
 
 
 def _age(obj: dict) -> float:
@@ -92,21 +103,27 @@ class Follower:
         )
         self.copies: dict[str, Informer] = {}  # by virtual node name
         self._handlers: dict[str, list[tuple[Informer, object]]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._known: dict[tuple[str, str, str], str] = {}  # (node, ns, name) → hash written
+        self._locks: dict[Key, tuple[asyncio.Lock, int]] = {}
+        self._written: dict[Key, tuple[str, float]] = {}  # → (hash, monotonic time)
+        self._foreign: dict[Key, float] = {}  # → monotonic time until which it is skipped
+        self._warned: dict[tuple[Key, str], float] = {}
 
     # -- wiring -------------------------------------------------------------------------------
 
     def _request(self, namespace: str, name: str) -> Request:
         return Request(self.local.name, namespace, name)
 
+    def _uses(self, connection: TargetConnection, namespace: str, name: str) -> bool:
+        ref = reference_key(self.kind, namespace, name)
+        return bool(connection.delegates_using(ref, self.cluster_name))
+
     def _relevant(self, _event: str, obj: dict, _old: dict | None) -> bool:
         """Only objects that have copies or users in a target are reconciled."""
         meta = obj["metadata"]
         if has_finalizer(obj, keys.FINALIZER):
             return True
-        ref = reference_key(self.kind, meta.get("namespace") or "", meta["name"])
-        return any(c.delegates_using(ref) for c in self._targets(meta.get("namespace") or ""))
+        namespace = meta.get("namespace") or ""
+        return any(self._uses(c, namespace, meta["name"]) for c in self._targets(namespace))
 
     def _targets(self, namespace: str) -> list[TargetConnection]:
         """Connected targets that may hold copies of objects in ``namespace``."""
@@ -127,6 +144,8 @@ class Follower:
         def on_delegate(event: str, delegate: dict, _old: dict | None, initial: bool) -> None:
             if event == MODIFIED:  # a pod's volumes and env never change
                 return
+            if parent_cluster(delegate) != self.cluster_name:
+                return
             for ref in delegate.get("references") or ():
                 if ref.startswith(prefix):
                     namespace, _, name = ref[len(prefix) :].partition("/")
@@ -142,7 +161,7 @@ class Follower:
         def on_copy(event: str, copy: dict, _old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
             if event == DELETED:
-                self._known.pop((node, meta["namespace"], meta["name"]), None)
+                self._written.pop((node, meta["namespace"], meta["name"]), None)
             if is_copy_of(copy, meta["namespace"], meta["name"], self.cluster_name):
                 queue.add(self._request(meta["namespace"], meta["name"]), low_priority=initial)
 
@@ -156,104 +175,174 @@ class Follower:
         for informer, handler in self._handlers.pop(node, ()):
             informer.remove_handler(handler)
         self.copies.pop(node, None)
-        for key in [k for k in self._known if k[0] == node]:
-            del self._known[key]
+        for memo in (self._written, self._foreign):
+            for key in [k for k in memo if k[0] == node]:
+                del memo[key]
+
+    def resync(self) -> None:
+        """Look again at every copy of ours in every target (from the caches): a watch that
+        resumed after an outage sends no event for copies whose source went meanwhile."""
+        for copies in list(self.copies.values()):
+            for copy in copies.list():
+                meta = copy["metadata"]
+                if is_copy_of(copy, meta["namespace"], meta["name"], self.cluster_name):
+                    self.controller.queue.add(
+                        self._request(meta["namespace"], meta["name"]), low_priority=True
+                    )
 
     async def removed(self, connection: TargetConnection) -> None:
-        """A Target is deleted: our copies there go too (if it can be reached)."""
+        """A Target is deleted: our copies there go too (if it can be reached soon)."""
         copies = self.copies.get(connection.node_name)
         if copies is None or connection.cluster is None:
             return
-        for copy in copies.list():
+        ours = [
+            c
+            for c in copies.list()
+            if is_copy_of(c, c["metadata"]["namespace"], c["metadata"]["name"], self.cluster_name)
+        ]
+        if not ours:
+            return
+        try:
+            async with asyncio.timeout(TARGET_TIMEOUT):
+                await asyncio.gather(*(self._delete_copy(connection, c) for c in ours))
+        except (ApiError, TimeoutError) as e:
+            log.warning(
+                "copies not all deleted from removed target %s: %s", connection.node_name, e
+            )
+        for copy in ours:
             meta = copy["metadata"]
-            if not is_copy_of(copy, meta["namespace"], meta["name"], self.cluster_name):
-                continue
-            try:
-                await self._delete_copy(connection, copy)
-            except ApiError as e:
-                log.warning(
-                    "copy not deleted %s %s/%s target=%s: %s",
-                    self.kind,
-                    meta["namespace"],
-                    meta["name"],
-                    connection.node_name,
-                    e,
-                )
             self.controller.queue.add(self._request(meta["namespace"], meta["name"]))
 
-    def _lock(self, key: str) -> asyncio.Lock:
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
-
-    def _release(self, key: str, lock: asyncio.Lock) -> None:
-        if not lock.locked() and self._locks.get(key) is lock:
-            del self._locks[key]
+    @contextlib.asynccontextmanager
+    async def _locked(self, key: Key) -> AsyncIterator[None]:
+        """One writer per copy (the reconcile and :meth:`ensure` may race)."""
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
 
     # -- reconcile ----------------------------------------------------------------------------
 
     async def __call__(self, request: Request) -> Result | None:
-        key = f"{request.namespace}/{request.name}"
-        lock = self._lock(key)
-        try:
-            async with lock:
-                return await self._reconcile(request.namespace, request.name)
-        finally:
-            self._release(key, lock)
-
-    async def _reconcile(self, namespace: str, name: str) -> Result | None:
+        namespace, name = request.namespace, request.name
         source = self.sources.get(name, namespace)
         gone = source is None or is_deleting(source)
-        ref = reference_key(self.kind, namespace, name)
-        full: dict | None = None
+        now = time.monotonic()
+        plans: list[tuple[TargetConnection, str, dict | None]] = []
         remaining = 0
         requeue: float | None = None
-        failures: list[str] = []
+
+        def later(seconds: float) -> None:
+            nonlocal requeue
+            requeue = seconds if requeue is None else min(requeue, seconds)
+
         for connection in self._targets(namespace):
-            copies = self.copies.get(connection.node_name)
+            node = connection.node_name
+            key = (node, namespace, name)
+            copies = self.copies.get(node)
             if copies is None or not copies.has_synced or copies.last_error is not None:
-                continue  # not known now; its copies are reconciled when it connects
+                continue  # not known now; its copies are looked at again when it is
             copy = copies.get(name, namespace)
             ours = copy is not None and is_copy_of(copy, namespace, name, self.cluster_name)
-            needed = not gone and bool(connection.delegates_using(ref))
-            if copy is None and (connection.node_name, namespace, name) in self._known:
-                # Just written, not cached yet: wait for the cache rather than guess.
-                remaining += 1
-                requeue = 1.0
+            if copy is None and key in self._written:
+                remaining += 1  # just written, not cached yet: wait for the cache
+                later(1.0)
                 continue
-            try:
-                if needed:
-                    assert source is not None
-                    if not is_followed(source):
-                        self._refuse(source, connection)
-                        continue
-                    if ours and copy["hash"] == source["hash"]:
-                        remaining += 1
-                        continue
-                    if copy is not None and not ours:
-                        self._conflict(source, connection)
-                        requeue = RETRY_CONFLICT
-                        continue
-                    full = full or await self._source_with_finalizer(namespace, name)
-                    if full is None:
-                        break  # deleted meanwhile: the next event says so
-                    if await self._write(connection, full, copy):
-                        remaining += 1
-                elif ours:
-                    if not gone and _age(copy) < GRACE:
-                        remaining += 1
-                        requeue = min(requeue or GRACE, GRACE - _age(copy) + 1)
-                        continue
-                    await self._delete_copy(connection, copy)
-            except ApiError as e:
-                remaining += 1
-                failures.append(f"{connection.name}: {e}")
+            if not connection.delegates_synced:
+                if ours:
+                    remaining += 1  # who uses it is not known yet
+                    later(NOT_CACHED_RETRY)
+                continue
+            needed = not gone and self._uses(connection, namespace, name)
+            if needed:
+                assert source is not None
+                if not is_followed(source):
+                    self._warn(key, source, connection, "NotCopied")
+                    continue
+                if ours and copy["hash"] == source["hash"]:
+                    remaining += 1
+                    continue
+                if copy is not None and not ours:
+                    self._warn(key, source, connection, "CopyConflict")
+                    continue
+                if self._foreign.get(key, 0.0) > now:
+                    later(self._foreign[key] - now + 0.1)
+                    continue
+                plans.append((connection, "write", copy))
+            elif ours:
+                written = self._written.get(key)
+                young = written is not None and now - written[1] < GRACE
+                if not gone and (young or _age(copy) < GRACE):
+                    remaining += 1
+                    later(GRACE / 2)
+                    continue
+                plans.append((connection, "delete", copy))
+
+        full: dict | None = None
+        if any(action == "write" for _, action, _ in plans):
+            full = await self._source_with_finalizer(namespace, name)
+            if full is None or is_deleting(full):
+                plans = [p for p in plans if p[1] != "write"]
+        results = await asyncio.gather(
+            *(self._act(c, action, copy, full, now) for c, action, copy in plans)
+        )
+        failures = [f for f in results if isinstance(f, str)]
+        remaining += sum(1 for r in results if r is True)
         if failures:
             raise RuntimeError(f"{self.kind} {namespace}/{name}: " + "; ".join(failures))
-        if source is not None and remaining == 0 and has_finalizer(source, keys.FINALIZER):
-            await self._remove_finalizer(namespace, name)
+        if source is not None and has_finalizer(source, keys.FINALIZER) and remaining == 0:
+            # Unless a copy was written meanwhile (for a delegate on its way).
+            if not any(
+                (w := self._written.get((c.node_name, namespace, name))) and w[1] >= now
+                for c in self._targets(namespace)
+            ):
+                await self._remove_finalizer(namespace, name)
+        elif (
+            source is not None
+            and not gone
+            and remaining
+            and not has_finalizer(source, keys.FINALIZER)
+        ):
+            await self._source_with_finalizer(namespace, name)  # copies exist: hold the source
+        if requeue is None and remaining:
+            requeue = RESYNC_EVERY
         return Result(requeue_after=requeue) if requeue else None
+
+    async def _act(
+        self,
+        connection: TargetConnection,
+        action: str,
+        copy: dict | None,
+        source: dict | None,
+        planned: float,
+    ) -> bool | str:
+        """Write or delete one copy within ``TARGET_TIMEOUT``: True if a copy of ours remains
+        there, False if not, a message if it failed."""
+        if action == "write":
+            assert source is not None
+            meta = source["metadata"]
+        else:
+            assert copy is not None
+            meta = copy["metadata"]
+        key = (connection.node_name, meta["namespace"], meta["name"])
+        try:
+            async with asyncio.timeout(TARGET_TIMEOUT), self._locked(key):
+                if action == "write":
+                    return await self._write(connection, source, copy)  # type: ignore[arg-type]
+                written = self._written.get(key)
+                if written is not None and written[1] >= planned:
+                    return True  # written for a new delegate since this reconcile looked
+                await self._delete_copy(connection, copy)  # type: ignore[arg-type]
+                return False
+        except (ApiError, TimeoutError) as e:
+            return f"{connection.name}: {e or 'timed out'}"
 
     async def _source_with_finalizer(self, namespace: str, name: str) -> dict | None:
         """The source object, read in full, with our finalizer on it before any copy exists."""
@@ -298,6 +387,7 @@ class Follower:
         assert cluster is not None
         meta = source["metadata"]
         namespace, name = meta["namespace"], meta["name"]
+        key = (connection.node_name, namespace, name)
         body = desired_copy({**source, "kind": self.kind}, self.cluster_name)
         written_hash = slim_followed(body)["hash"]
         client = cluster.client
@@ -308,7 +398,8 @@ class Follower:
             except AlreadyExists:
                 existing = await client.get(self.resource, name, namespace)
                 if not is_copy_of(existing, namespace, name, self.cluster_name):
-                    self._conflict(source, connection)
+                    self._foreign[key] = time.monotonic() + FOREIGN_RETRY
+                    self._warn(key, source, connection, "CopyConflict")
                     return False
                 body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
                 await self._replace(connection, body, existing)
@@ -317,7 +408,8 @@ class Follower:
             body["metadata"]["resourceVersion"] = copy["metadata"]["resourceVersion"]
             await self._replace(connection, body, copy)
             action = "updated"
-        self._known[(connection.node_name, namespace, name)] = written_hash
+        self._foreign.pop(key, None)
+        self._written[key] = (written_hash, time.monotonic())
         log.info("copy %s %s %s/%s target=%s", action, self.kind, namespace, name, connection.name)
         return True
 
@@ -326,7 +418,10 @@ class Follower:
         try:
             await client.update(self.resource, body)
         except Invalid:
-            # An immutable copy (or a secret whose type changed) is replaced, not updated.
+            # Only an immutable copy (or a secret whose type changed) is replaced rather than
+            # updated; any other refusal is an error to report, not a reason to delete.
+            if not (copy.get("immutable") or copy.get("type") != body.get("type")):
+                raise
             await self._delete_copy(connection, copy)
             body["metadata"].pop("resourceVersion", None)
             await client.create(self.resource, body, body["metadata"]["namespace"])
@@ -340,7 +435,7 @@ class Follower:
             preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
             missing_ok=True,
         )
-        self._known.pop((connection.node_name, meta["namespace"], meta["name"]), None)
+        self._written.pop((connection.node_name, meta["namespace"], meta["name"]), None)
         log.info(
             "copy deleted %s %s/%s target=%s",
             self.kind,
@@ -349,26 +444,28 @@ class Follower:
             connection.name,
         )
 
-    def _reference(self, source: dict) -> dict:
-        return {"apiVersion": "v1", "kind": self.kind, "metadata": source["metadata"]}
-
-    def _conflict(self, source: dict, connection: TargetConnection) -> None:
+    def _warn(self, key: Key, source: dict, connection: TargetConnection, reason: str) -> None:
+        """A Warning event on the source, at most once per ``WARN_EVERY`` per target."""
+        now = time.monotonic()
+        if now - self._warned.get((key, reason), -WARN_EVERY) < WARN_EVERY:
+            return
+        if len(self._warned) > 10_000:
+            self._warned = {k: t for k, t in self._warned.items() if now - t < WARN_EVERY}
+        self._warned[(key, reason)] = now
         meta = source["metadata"]
+        if reason == "CopyConflict":
+            message = (
+                f"{self.kind} {meta['namespace']}/{meta['name']} exists in target "
+                f"{connection.name} and is not a copy made by this cluster: left as it is, and "
+                f"delegates there use it"
+            )
+        else:
+            message = (
+                f"service-account token secrets are not copied (target {connection.name} "
+                f"issues its own): delegates there cannot use this one"
+            )
         self.events.emit(
-            self._reference(source),
-            "Warning",
-            "CopyConflict",
-            f"{self.kind} {meta['namespace']}/{meta['name']} exists in target {connection.name} "
-            f"and is not a copy made by this cluster: left as it is, and delegates there use it",
-        )
-
-    def _refuse(self, source: dict, connection: TargetConnection) -> None:
-        self.events.emit(
-            self._reference(source),
-            "Warning",
-            "NotCopied",
-            f"service-account token secrets are not copied (target {connection.name} issues "
-            f"its own): delegates there cannot use this one",
+            {"apiVersion": "v1", "kind": self.kind, "metadata": meta}, "Warning", reason, message
         )
 
     # -- before a delegate is created ---------------------------------------------------------
@@ -378,29 +475,37 @@ class Follower:
         source = self.sources.get(name, namespace)
         if source is None or is_deleting(source) or not is_followed(source):
             return
-        if self._known.get((connection.node_name, namespace, name)) == source["hash"]:
+        node = connection.node_name
+        key = (node, namespace, name)
+        written = self._written.get(key)
+        if written is not None and written[0] == source["hash"]:
             return
-        copies = self.copies.get(connection.node_name)
+        if self._foreign.get(key, 0.0) > time.monotonic():
+            return
+        copies = self.copies.get(node)
         if copies is None or not copies.has_synced:
             return
-        key = f"{namespace}/{name}"
-        lock = self._lock(key)
-        try:
-            async with lock:
-                copy = copies.get(name, namespace)
-                if self._known.get((connection.node_name, namespace, name)) == source["hash"]:
+        async with self._locked(key):
+            written = self._written.get(key)
+            if written is not None and written[0] == source["hash"]:
+                return
+            copy = copies.get(name, namespace)
+            if copy is not None:
+                if not is_copy_of(copy, namespace, name, self.cluster_name):
+                    self._warn(key, source, connection, "CopyConflict")
                     return
-                if copy is not None:
-                    if not is_copy_of(copy, namespace, name, self.cluster_name):
-                        self._conflict(source, connection)
-                        return
-                    if copy["hash"] == source["hash"]:
-                        return
+                if copy["hash"] == source["hash"]:
+                    return
+            # Announce the copy before the finalizer's own event wakes the reconcile, which
+            # would otherwise find neither copy nor user and take the finalizer off again.
+            self._written[key] = ("", time.monotonic())
+            try:
                 full = await self._source_with_finalizer(namespace, name)
                 if full is not None and not is_deleting(full):
                     await self._write(connection, full, copy)
-        finally:
-            self._release(key, lock)
+            finally:
+                if self._written.get(key, ("",))[0] == "":
+                    del self._written[key]
         self.controller.queue.add(self._request(namespace, name))
 
 
@@ -410,6 +515,7 @@ class Follow:
     def __init__(
         self, local: Cluster, registry: TargetRegistry, *, cluster_name: str, workers: int = 8
     ) -> None:
+        self.local = local
         events = EventRecorder(local.client, "admiralty-follow")
         self.followers = {
             kind: Follower(
@@ -434,26 +540,49 @@ class Follow:
             follower.disconnected(connection)
 
     async def _removed(self, connection: TargetConnection) -> None:
-        for follower in self.followers.values():
-            await follower.removed(connection)
+        await asyncio.gather(*(f.removed(connection) for f in self.followers.values()))
+
+    async def resync_forever(self, every: float = RESYNC_EVERY) -> None:
+        while True:
+            await asyncio.sleep(every)
+            for follower in self.followers.values():
+                follower.resync()
 
     async def prepare(self, connection: TargetConnection, delegate: dict) -> None:
-        """Copy what ``delegate`` uses to its target before it is created there. Never raises:
-        what fails here is retried by the controllers once the delegate exists."""
+        """Copy what ``delegate`` uses to its target before it is created there, within
+        ``PREPARE_TIMEOUT``. Never raises: what fails here is retried by the controllers once
+        the delegate exists."""
         cluster = connection.cluster
-        if cluster is None or cluster is self.followers[CONFIG_MAP].local:
+        if cluster is None or cluster is self.local:
             return
         namespace = delegate["metadata"]["namespace"]
-        for kind, names in references(delegate.get("spec") or {}).items():
-            for name in names:
-                try:
-                    await self.followers[kind].ensure(connection, namespace, name)
-                except ApiError as e:
-                    log.warning(
-                        "copy not made before delegate %s %s/%s target=%s: %s",
-                        kind,
-                        namespace,
-                        name,
-                        connection.name,
-                        e,
-                    )
+        wanted = [
+            (kind, name)
+            for kind, names in references(delegate.get("spec") or {}).items()
+            for name in names
+        ]
+        if not wanted:
+            return
+        try:
+            async with asyncio.timeout(PREPARE_TIMEOUT):
+                results = await asyncio.gather(
+                    *(self.followers[k].ensure(connection, namespace, n) for k, n in wanted),
+                    return_exceptions=True,
+                )
+        except TimeoutError:
+            results = [TimeoutError(f"not done within {PREPARE_TIMEOUT:g}s")]
+        for result in results:
+            if isinstance(result, Exception):
+                level = (
+                    logging.WARNING
+                    if isinstance(result, ApiError | TimeoutError)
+                    else logging.ERROR
+                )
+                log.log(
+                    level,
+                    "copies not all made before delegate %s/%s target=%s: %s",
+                    namespace,
+                    delegate["metadata"]["name"],
+                    connection.name,
+                    result,
+                )

@@ -20,7 +20,7 @@ from multicluster.resources import PODS
 
 from ..api import keys
 from ..api.naming import virtual_node_name
-from ..api.proxy import parent_uid
+from ..api.proxy import parent_cluster, parent_uid
 
 log = logging.getLogger(__name__)
 DELEGATE_INDEX = "parent-uid"
@@ -36,8 +36,13 @@ def by_parent_uid(pod: dict) -> list[str]:
 
 
 def by_reference(pod: dict) -> list[str]:
-    """Config maps and secrets a (slim) delegate uses, as ``Kind:namespace/name``."""
-    return pod.get("references") or []
+    """Config maps and secrets a (slim) delegate uses, as ``cluster|Kind:namespace/name``
+    (``cluster``: its parent cluster's name; a target may serve several source clusters)."""
+    used = pod.get("references")
+    if not used:
+        return []
+    cluster = parent_cluster(pod) or ""
+    return [f"{cluster}|{ref}" for ref in used]
 
 
 @dataclass
@@ -72,11 +77,12 @@ class TargetConnection:
         informer = self.delegates
         return informer is not None and informer.has_synced and informer.last_error is None
 
-    def delegates_using(self, reference: str) -> list[dict]:
-        """Delegates that use a config map or secret (``Kind:namespace/name``)."""
+    def delegates_using(self, reference: str, cluster_name: str) -> list[dict]:
+        """Delegates of source cluster ``cluster_name`` that use a config map or secret
+        (``Kind:namespace/name``)."""
         if self.delegates is None:
             return []
-        return self.delegates.by_index(REFERENCE_INDEX, reference)
+        return self.delegates.by_index(REFERENCE_INDEX, f"{cluster_name}|{reference}")
 
     def delegates_of(self, proxy_uid: str) -> list[dict]:
         if self.delegates is None:
