@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import orjson
 
 from . import keys
+from .parents import is_copy_of as is_copy_of
 
 CONFIG_MAP = "ConfigMap"
 SECRET = "Secret"
@@ -135,16 +136,6 @@ def desired_copy(source: dict, cluster_name: str) -> dict:
         },
         **body,
     }
-
-
-def is_copy_of(copy: dict, namespace: str, name: str, cluster_name: str) -> bool:
-    """Whether ``copy`` is ours: made by this cluster from ``namespace/name``."""
-    annotations = copy["metadata"].get("annotations") or {}
-    return (
-        annotations.get(keys.PARENT_CLUSTER_NAME) == cluster_name
-        and annotations.get(keys.PARENT_NAMESPACE) == namespace
-        and annotations.get(keys.PARENT_NAME) == name
-    )
 
 
 _SLIM_METADATA = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")

@@ -10,7 +10,6 @@ an event on every change.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 
 from multicluster import (
@@ -29,6 +28,7 @@ from multicluster.events import EventRecorder
 from multicluster.resources import PODS, SECRETS
 
 from ..api import keys
+from ..api.conditions import ready_condition
 from ..api.naming import virtual_node_name
 from ..api.proxy import DELEGATE_LABEL_SELECTOR, slim_delegate
 from ..api.resources import CLUSTER_SUMMARIES, CLUSTER_TARGETS, TARGETS
@@ -85,26 +85,6 @@ def secret_reference(target: dict) -> str | None:
         return None
     namespace = ref.get("namespace") or target["metadata"].get("namespace")
     return f"{namespace}/{ref.get('name')}"
-
-
-def ready_condition(
-    ready: bool | None, reason: str, message: str, generation: int | None, previous: list
-) -> dict:
-    status = "Unknown" if ready is None else ("True" if ready else "False")
-    old = next((c for c in previous or () if c.get("type") == "Ready"), None)
-    changed = old is None or old.get("status") != status
-    return {
-        "type": "Ready",
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": (
-            dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            if changed
-            else old.get("lastTransitionTime")
-        ),
-        "observedGeneration": generation,
-    }
 
 
 def classify(error: Exception) -> tuple[str, str]:

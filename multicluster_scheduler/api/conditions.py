@@ -1,0 +1,27 @@
+"""Status conditions as every Kubernetes object reports them."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+
+def ready_condition(
+    ready: bool | None, reason: str, message: str, generation: int | None, previous: list | None
+) -> dict:
+    """The Ready condition (Unknown when ``ready`` is None); its transition time moves only when
+    its status changes."""
+    status = "Unknown" if ready is None else ("True" if ready else "False")
+    old = next((c for c in previous or () if c.get("type") == "Ready"), None)
+    changed = old is None or old.get("status") != status
+    return {
+        "type": "Ready",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": (
+            dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if changed
+            else old.get("lastTransitionTime")
+        ),
+        "observedGeneration": generation,
+    }

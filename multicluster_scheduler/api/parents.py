@@ -1,0 +1,16 @@
+"""Objects a source cluster keeps in its targets (delegates' config maps and secrets, service
+copies) name their original by parent-reference annotations (COMPAT.md)."""
+
+from __future__ import annotations
+
+from . import keys
+
+
+def is_copy_of(copy: dict, namespace: str, name: str, cluster_name: str) -> bool:
+    """Whether ``copy`` is ours: made by cluster ``cluster_name`` from ``namespace/name``."""
+    annotations = (copy.get("metadata") or {}).get("annotations") or {}
+    return (
+        annotations.get(keys.PARENT_CLUSTER_NAME) == cluster_name
+        and annotations.get(keys.PARENT_NAMESPACE) == namespace
+        and annotations.get(keys.PARENT_NAME) == name
+    )
