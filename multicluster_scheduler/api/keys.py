@@ -41,5 +41,9 @@ ORIGINAL_SELECTOR = PREFIX + "original-selector"
 # RBAC that sources are bound to in targets (names the user guide uses).
 SOURCE_CLUSTER_ROLE = "multicluster-scheduler-source"
 CLUSTER_SUMMARY_VIEWER_CLUSTER_ROLE = "multicluster-scheduler-cluster-summary-viewer"
+# Labels on the service accounts and bindings the source controller makes: whose they are.
+SOURCE_NAMESPACE_LABEL = PREFIX + "source-namespace"
+SOURCE_NAME_LABEL = PREFIX + "source-name"
+CLUSTER_SOURCE_NAME_LABEL = PREFIX + "cluster-source-name"
 
 CLUSTER_SUMMARY_NAME = "singleton"

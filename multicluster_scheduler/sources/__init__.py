@@ -1,0 +1,1 @@
+"""The source controller (target side): Sources and ClusterSources as service accounts and RBAC."""
