@@ -1,0 +1,346 @@
+"""The guide's "Service Reroute and Globalization" on the test bed: a Service that selects proxy
+pods is rerouted to their delegates and made global, copies follow it into cluster2 and go away
+with it; global Services of users are copied too, and a Service of cluster2 that is not ours is
+never overwritten."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from e2e.cluster import TestBed, wait_for
+from e2e.cluster.install import Installation
+from e2e.kubectl import Kubectl
+from e2e.test_scheduling import all_running, delegates, nginx, nothing_left
+from e2e.topology import SOURCE, TARGET, connect, disconnect
+
+PREFIX = "multicluster.admiralty.io/"
+FINALIZER = PREFIX + "multiclusterForegroundDeletion"
+FOREIGN = "metallb.universe.tf/ip-allocated-from-pool"
+
+
+def service(kubectl: Kubectl, context: str, namespace: str, name: str) -> dict | None:
+    proc = kubectl.run(context, "get", "service", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def endpoint_pods(kubectl: Kubectl, context: str, namespace: str, name: str) -> set[str]:
+    """Names of the pods behind a Service, from its EndpointSlices."""
+    slices = kubectl.json(
+        context,
+        "get",
+        "endpointslices",
+        "-n",
+        namespace,
+        "-l",
+        f"kubernetes.io/service-name={name}",
+    )["items"]
+    return {
+        endpoint["targetRef"]["name"]
+        for item in slices
+        for endpoint in item.get("endpoints") or ()
+        if endpoint.get("targetRef")
+    }
+
+
+def manifest(*ports: int) -> str:
+    """The Service ``kubectl expose deployment nginx`` makes, as a manifest (more ports named)."""
+    listed = "".join(
+        f"\n  - port: {port}\n    protocol: TCP\n    targetPort: 80"
+        + (f"\n    name: p{port}" if len(ports) > 1 else "")
+        for port in ports
+    )
+    return f"""apiVersion: v1
+kind: Service
+metadata:
+  name: nginx
+  labels:
+    app: nginx
+spec:
+  selector:
+    app: nginx
+  ports:{listed}
+"""
+
+
+@pytest.fixture
+def guide(installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str):
+    """Targets c1 (self) and c2 Ready in ``namespace``, which is enabled for elected pods."""
+    connect(kubectl, testbed, namespace)
+    kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler=enabled")
+    yield namespace
+    try:
+        kubectl(SOURCE, "delete", "services", "--all", "-n", namespace, "--wait=false")
+        wait_for(
+            lambda: not kubectl.json(SOURCE, "get", "services", "-n", namespace)["items"],
+            30,
+            what="services deleted: no finalizer of ours left",
+        )
+        kubectl(SOURCE, "delete", "deployments", "--all", "-n", namespace, "--wait=false")
+        wait_for(lambda: nothing_left(kubectl, namespace), 60, what="proxies and delegates gone")
+    finally:
+        disconnect(kubectl, namespace)
+
+
+def test_the_guides_service_is_rerouted_globalized_and_replicated(guide, kubectl: Kubectl):
+    namespace = guide
+    kubectl.apply(SOURCE, nginx(replicas=6), "-n", namespace)
+    wait_for(lambda: all_running(kubectl, namespace, 6), 90, what="6 proxy pods Running")
+    cluster1 = kubectl.json(SOURCE, "get", "namespace", "kube-system")["metadata"]["uid"]
+
+    # The guide's command.
+    kubectl(SOURCE, "expose", "deployment", "nginx", "-n", namespace)
+    started = time.monotonic()
+
+    def rerouted() -> dict | None:
+        svc = service(kubectl, SOURCE, namespace, "nginx")
+        ok = svc and svc["spec"].get("selector") == {PREFIX + "app": "nginx"}
+        return svc if ok and FINALIZER in svc["metadata"].get("finalizers", ()) else None
+
+    original = wait_for(rerouted, 30, what="the service rerouted")
+    rerouted_after = time.monotonic() - started
+    annotations = original["metadata"]["annotations"]
+    assert annotations["io.cilium/global-service"] == "true"
+    assert annotations[PREFIX + "global"] == "true"
+    assert json.loads(annotations[PREFIX + "original-selector"]) == {"app": "nginx"}
+    assert original["metadata"]["labels"][PREFIX + "has-finalizer"] == "true"
+
+    copy = wait_for(
+        lambda: service(kubectl, TARGET, namespace, "nginx"), 30, what="a copy in cluster2"
+    )
+    replicated_after = time.monotonic() - started
+    meta = copy["metadata"]
+    assert meta["annotations"][PREFIX + "is-delegate"] == ""
+    assert meta["annotations"][PREFIX + "parent-name"] == "nginx"
+    assert meta["annotations"][PREFIX + "parent-namespace"] == namespace
+    assert meta["annotations"][PREFIX + "parent-cluster-name"] == cluster1
+    assert meta["annotations"]["io.cilium/global-service"] == "true"
+    assert meta["labels"][PREFIX + "parent-uid"] == original["metadata"]["uid"]
+    assert not meta.get("finalizers"), "cluster2's agent leaves copies alone"
+    assert copy["spec"]["selector"] == {PREFIX + "app": "nginx"}
+    assert copy["spec"]["ports"] == original["spec"]["ports"]
+    assert copy["spec"]["clusterIP"] not in ("", "None", original["spec"]["clusterIP"])
+    assert (
+        PREFIX + "parent-uid" in json.loads(meta["annotations"][PREFIX + "managed-keys"])["labels"]
+    )
+
+    # What cluster2's own controllers add to the copy is theirs: kept, and no update loop.
+    kubectl(TARGET, "annotate", "service", "nginx", "-n", namespace, f"{FOREIGN}=pool-b")
+    annotated = service(kubectl, TARGET, namespace, "nginx")
+
+    # Each cluster's Service points at the delegates that run there (kwok gives them IPs).
+    here = {d["metadata"]["name"] for d in delegates(kubectl, SOURCE, namespace)}
+    there = {d["metadata"]["name"] for d in delegates(kubectl, TARGET, namespace)}
+    assert here, "some replicas run in cluster1 (self target c1)"
+    assert there, "some replicas run in cluster2"
+    wait_for(
+        lambda: endpoint_pods(kubectl, SOURCE, namespace, "nginx") == here,
+        30,
+        what="cluster1's endpoints are the delegates in cluster1",
+    )
+    wait_for(
+        lambda: endpoint_pods(kubectl, TARGET, namespace, "nginx") == there,
+        30,
+        what="cluster2's endpoints are the delegates in cluster2",
+    )
+    time.sleep(2)
+    settled = service(kubectl, TARGET, namespace, "nginx")
+    assert settled["metadata"]["annotations"][FOREIGN] == "pool-b"
+    assert settled["metadata"]["resourceVersion"] == annotated["metadata"]["resourceVersion"]
+
+    # kubectl apply of the manifest brings the old selector back: rerouted again, then stable.
+    kubectl.apply(SOURCE, manifest(80), "-n", namespace)
+    stable = wait_for(rerouted, 30, what="rerouted again after kubectl apply")
+    time.sleep(3)
+    now = service(kubectl, SOURCE, namespace, "nginx")
+    assert now["metadata"]["resourceVersion"] == stable["metadata"]["resourceVersion"], "flaps"
+    kubectl.apply(SOURCE, manifest(80), "-n", namespace)
+    wait_for(rerouted, 30, what="rerouted again after a second kubectl apply")
+
+    # A change reaches the copy.
+    kubectl.apply(SOURCE, manifest(80, 8080), "-n", namespace)
+    wait_for(
+        lambda: (
+            {p["port"] for p in service(kubectl, TARGET, namespace, "nginx")["spec"]["ports"]}
+            == {80, 8080}
+        ),
+        30,
+        what="the new port in cluster2's copy",
+    )
+    assert rerouted()
+    assert service(kubectl, TARGET, namespace, "nginx")["metadata"]["annotations"][FOREIGN] == (
+        "pool-b"
+    ), "kept by the update"
+
+    # Deleting the Service deletes its copy, then our finalizer lets it go.
+    kubectl(SOURCE, "delete", "service", "nginx", "-n", namespace, "--wait=false")
+    started = time.monotonic()
+    wait_for(lambda: service(kubectl, TARGET, namespace, "nginx") is None, 30, what="copy deleted")
+    wait_for(lambda: service(kubectl, SOURCE, namespace, "nginx") is None, 30, what="service gone")
+    print(
+        f"\nrerouted in {rerouted_after:.1f}s, copied in {replicated_after:.1f}s, "
+        f"deleted everywhere in {time.monotonic() - started:.1f}s"
+    )
+
+
+USER_SERVICES = """apiVersion: v1
+kind: Service
+metadata:
+  name: db
+  annotations:
+    multicluster.admiralty.io/global: "true"
+spec:
+  clusterIP: None
+  selector:
+    role: db
+  ports:
+  - port: 5432
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: taken
+  annotations:
+    multicluster.admiralty.io/global: "true"
+spec:
+  selector:
+    role: web
+  ports:
+  - port: 80
+"""
+
+CACHE = """apiVersion: v1
+kind: Service
+metadata:
+  name: cache
+  annotations:
+    multicluster.admiralty.io/global: "true"
+spec:
+  selector:
+    role: cache
+  ports:
+  - port: 6379
+"""
+
+THEIRS = """apiVersion: v1
+kind: Service
+metadata:
+  name: taken
+spec:
+  selector:
+    app: theirs
+  ports:
+  - port: 81
+"""
+
+
+def events(kubectl: Kubectl, namespace: str, name: str, reason: str) -> list[dict]:
+    return kubectl.json(
+        SOURCE,
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        f"involvedObject.name={name},reason={reason}",
+    )["items"]
+
+
+def target_reason(kubectl: Kubectl, namespace: str, name: str) -> str | None:
+    target = kubectl.json(SOURCE, "get", "target", name, "-n", namespace)
+    for condition in (target.get("status") or {}).get("conditions") or ():
+        if condition["type"] == "Ready":
+            return condition.get("reason")
+    return None
+
+
+def test_user_global_services_are_copied_and_others_services_left_alone(guide, kubectl: Kubectl):
+    namespace = guide
+    kubectl.apply(TARGET, THEIRS, "-n", namespace)
+    theirs = service(kubectl, TARGET, namespace, "taken")
+    kubectl.apply(SOURCE, USER_SERVICES, "-n", namespace)
+
+    copy = wait_for(lambda: service(kubectl, TARGET, namespace, "db"), 30, what="db copied")
+    assert copy["spec"]["clusterIP"] == "None", "headless stays headless"
+    assert copy["spec"]["selector"] == {"role": "db"}, "no proxy pod: not rerouted"
+    original = service(kubectl, SOURCE, namespace, "db")
+    assert PREFIX + "original-selector" not in original["metadata"]["annotations"]
+    assert original["metadata"]["finalizers"] == [FINALIZER]
+
+    warned = wait_for(
+        lambda: events(kubectl, namespace, "taken", "CopyConflict"), 30, what="a CopyConflict"
+    )
+    assert warned[0]["type"] == "Warning"
+    assert "not a copy" in warned[0]["message"]
+    still = service(kubectl, TARGET, namespace, "taken")
+    assert still["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"]
+    assert PREFIX + "parent-name" not in (still["metadata"].get("annotations") or {})
+
+    # A copy deleted by hand comes back.
+    kubectl(TARGET, "delete", "service", "db", "-n", namespace)
+    wait_for(
+        lambda: (
+            (service(kubectl, TARGET, namespace, "db") or copy)["metadata"]["uid"]
+            != copy["metadata"]["uid"]
+        ),
+        30,
+        what="db copied again",
+    )
+
+    # No longer global: the copy goes, and so do our finalizer and its label.
+    kubectl(SOURCE, "annotate", "service", "db", "-n", namespace, PREFIX + "global-")
+
+    def released() -> bool:
+        meta = service(kubectl, SOURCE, namespace, "db")["metadata"]
+        return not meta.get("finalizers") and PREFIX + "has-finalizer" not in meta.get("labels", {})
+
+    wait_for(lambda: service(kubectl, TARGET, namespace, "db") is None, 30, what="copy deleted")
+    wait_for(released, 30, what="finalizer and label removed")
+
+    # The conflicting Service's original is deleted at once; theirs stays.
+    kubectl(SOURCE, "delete", "service", "taken", "-n", namespace, "--timeout=30s")
+    assert (
+        service(kubectl, TARGET, namespace, "taken")["metadata"]["uid"]
+        == (theirs["metadata"]["uid"])
+    )
+
+
+def test_copies_left_in_a_target_out_of_reach_go_when_it_is_back_or_deleted(
+    guide, kubectl: Kubectl
+):
+    namespace = guide
+    kubectl.apply(SOURCE, CACHE, "-n", namespace)
+    wait_for(lambda: service(kubectl, TARGET, namespace, "cache"), 30, what="cache copied")
+
+    # c2 out of reach (its kubeconfig Secret gone): the original is deleted at once, no
+    # finalizer waits for c2, and the copy stays there for now.
+    secret = kubectl.json(SOURCE, "get", "secret", "c2", "-n", namespace)
+    secret["metadata"] = {"name": "c2", "namespace": namespace}
+    kubectl(SOURCE, "delete", "secret", "c2", "-n", namespace)
+    wait_for(
+        lambda: target_reason(kubectl, namespace, "c2") == "SecretNotFound",
+        30,
+        what="c2 disconnected",
+    )
+    kubectl(SOURCE, "delete", "service", "cache", "-n", namespace, "--timeout=30s")
+    assert service(kubectl, TARGET, namespace, "cache") is not None
+
+    # c2 back: the copy whose original is gone is deleted.
+    kubectl.apply(SOURCE, secret)
+    wait_for(
+        lambda: service(kubectl, TARGET, namespace, "cache") is None,
+        30,
+        what="the orphaned copy deleted once c2 is back",
+    )
+
+    # Deleting the Target deletes our copies there.
+    kubectl.apply(SOURCE, CACHE, "-n", namespace)
+    wait_for(lambda: service(kubectl, TARGET, namespace, "cache"), 30, what="cache copied again")
+    kubectl(SOURCE, "delete", "target", "c2", "-n", namespace)
+    wait_for(
+        lambda: service(kubectl, TARGET, namespace, "cache") is None,
+        30,
+        what="copies deleted with their Target",
+    )

@@ -1,0 +1,302 @@
+"""Services and proxy pods: when a Service is rerouted to delegates, and what its copies in
+targets look like (COMPAT.md, "Well-known keys": global services).
+
+A proxy pod never serves traffic, so a Service whose selector matches proxy pods is *rerouted*:
+its selector is rewritten to the prefixed keys that delegates carry, the selector before the
+rewrite is saved as JSON in ``original-selector``, and the Service is made global. A global
+Service (rerouted, or annotated by its user) is copied to targets, where a copy selects the
+delegates running there and a mesh such as Cilium's joins the endpoints of all clusters.
+
+These rules are pure functions so that the controller only moves data between clusters.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+from collections.abc import Iterable
+
+import orjson
+
+from . import keys
+from .parents import is_copy_of as is_copy_of
+from .proxy import prefixed_key
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+TRUE = "true"
+HEADLESS = "None"
+# On each copy: which of its labels, annotations and spec fields are ours, as compact JSON
+# ``{"annotations": [...], "labels": [...], "spec": [...]}`` (keys sorted; the annotation does
+# not list itself). Everything else on a copy was added in the target (by MetalLB, a cloud's
+# controllers, a webhook, the API server's defaults...): never compared, kept on update. A key
+# listed there that the original no longer has is removed from the copy.
+MANAGED_KEYS = keys.PREFIX + "managed-keys"
+# Annotations that a cluster's own controllers write about the Service in that cluster: the
+# original's are not copied (the target's controllers write their own on the copy).
+LOCAL_ANNOTATIONS = frozenset(
+    {
+        LAST_APPLIED,
+        "cloud.google.com/neg-status",
+        "field.cattle.io/publicEndpoints",
+        "metallb.universe.tf/ip-allocated-from-pool",
+        MANAGED_KEYS,
+    }
+)
+# Assigned by the cluster a Service lives in: never copied, and kept as the target set them.
+ASSIGNED_FIELDS = ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy", "healthCheckNodePort")
+# Copied when a copy is created, then the target's (its controllers or webhooks may set them):
+# never compared, and kept on update.
+TARGET_KEPT_FIELDS = ("internalTrafficPolicy",)
+NODE_PORT_TYPES = ("NodePort", "LoadBalancer")
+
+
+def service_reference(service: dict) -> dict:
+    """A cached Service (lists carry no kind) as events need it."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": service["metadata"]}
+
+
+def _annotations(obj: dict) -> dict[str, str]:
+    return obj["metadata"].get("annotations") or {}
+
+
+def is_copy(service: dict) -> bool:
+    """A copy made by some source cluster: never rerouted, made global or copied again."""
+    return keys.IS_DELEGATE in _annotations(service)
+
+
+def is_global(service: dict) -> bool:
+    return _annotations(service).get(keys.GLOBAL) == TRUE
+
+
+def is_headless(spec: dict) -> bool:
+    return spec.get("clusterIP") == HEADLESS
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    """Whether a Service's selector selects a pod with ``labels`` (an empty one selects none:
+    a Service without a selector has its endpoints managed by someone else)."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def user_selector(selector: dict[str, str]) -> dict[str, str]:
+    """The part of a selector that selects pods by their users' labels (keys outside our
+    prefix): what would select proxy pods, and what rerouting rewrites."""
+    return {k: v for k, v in selector.items() if not k.startswith(keys.PREFIX)}
+
+
+def rerouted_selector(selector: dict[str, str]) -> dict[str, str]:
+    """Every key prefixed as on delegates (``app`` → ``multicluster.admiralty.io/app``).
+
+    Keys already prefixed stay; a user key wins over a prefixed key that it rewrites to (a
+    manifest re-applied with ``kubectl apply`` merges its selector into the rerouted one, and
+    its values are the current ones). When two user keys rewrite to the same key, the one that
+    sorts last wins, as on delegates.
+    """
+    result = {k: v for k, v in selector.items() if k.startswith(keys.PREFIX)}
+    for key, value in sorted(user_selector(selector).items()):
+        result[prefixed_key(key)] = value
+    return result
+
+
+def encode_selector(selector: dict[str, str]) -> str:
+    """The ``original-selector`` annotation's value: compact JSON, keys sorted."""
+    return orjson.dumps(selector, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def reroute_patch(service: dict, proxy_labels: Iterable[dict[str, str]]) -> dict | None:
+    """The JSON merge patch that reroutes ``service`` to delegates, or None when it selects no
+    proxy pod (of those whose labels are given) or is rerouted already.
+
+    The selector is replaced, not merged: keys that go are set to null. The patch is
+    conditional on the resourceVersion it was computed from.
+    """
+    spec = service.get("spec") or {}
+    selector = spec.get("selector") or {}
+    user = user_selector(selector)
+    if not user or not any(selects(user, labels or {}) for labels in proxy_labels):
+        return None
+    rerouted = rerouted_selector(selector)
+    new_selector: dict[str, str | None] = {k: None for k in selector if k not in rerouted}
+    new_selector.update({k: v for k, v in rerouted.items() if selector.get(k) != v})
+    wanted = {
+        keys.CILIUM_GLOBAL_SERVICE: TRUE,
+        keys.GLOBAL: TRUE,
+        keys.ORIGINAL_SELECTOR: encode_selector(user),
+    }
+    annotations = _annotations(service)
+    meta = service["metadata"]
+    return {
+        "metadata": {
+            "annotations": {k: v for k, v in wanted.items() if annotations.get(k) != v},
+            "resourceVersion": meta["resourceVersion"],
+        },
+        "spec": {"selector": new_selector},
+    }
+
+
+def finalizer_patch(service: dict, *, present: bool) -> dict | None:
+    """The merge patch that adds (``present``) or removes our finalizer and the
+    ``has-finalizer`` label next to it; None when nothing is to change."""
+    meta = service["metadata"]
+    finalizers = list(meta.get("finalizers") or ())
+    labels = meta.get("labels") or {}
+    patch: dict = {}
+    if present:
+        if keys.FINALIZER not in finalizers:
+            patch["finalizers"] = [*finalizers, keys.FINALIZER]
+        if labels.get(keys.HAS_FINALIZER) != TRUE:
+            patch["labels"] = {keys.HAS_FINALIZER: TRUE}
+    else:
+        if keys.FINALIZER in finalizers:
+            patch["finalizers"] = [f for f in finalizers if f != keys.FINALIZER]
+        if keys.HAS_FINALIZER in labels:
+            patch["labels"] = {keys.HAS_FINALIZER: None}
+    if not patch:
+        return None
+    patch["resourceVersion"] = meta["resourceVersion"]
+    return {"metadata": patch}
+
+
+def portable_spec(spec: dict) -> dict:
+    """A Service spec without what the cluster it lives in assigns: cluster IPs (a headless
+    Service's ``None`` stays), IP families, node ports and the health-check node port."""
+    spec = _copy.deepcopy(spec)
+    for field in ASSIGNED_FIELDS:
+        if field.startswith("clusterIP") and is_headless(spec):
+            continue
+        spec.pop(field, None)
+    for port in spec.get("ports") or ():
+        port.pop("nodePort", None)
+    return spec
+
+
+def desired_copy(service: dict, cluster_name: str) -> dict:
+    """The copy of a global ``service`` to keep in a target: same name, namespace and portable
+    spec (its selector selects the delegates there), its labels and annotations (but the
+    cluster's own, :data:`LOCAL_ANNOTATIONS`) plus parent references, ``parent-uid``,
+    ``is-delegate`` and :data:`MANAGED_KEYS`, which lists all of these keys."""
+    meta = service["metadata"]
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != keys.HAS_FINALIZER}
+    labels[keys.PARENT_UID] = meta["uid"]
+    annotations = {k: v for k, v in _annotations(service).items() if k not in LOCAL_ANNOTATIONS}
+    annotations[keys.IS_DELEGATE] = ""
+    annotations[keys.PARENT_NAME] = meta["name"]
+    annotations[keys.PARENT_NAMESPACE] = meta["namespace"]
+    annotations[keys.PARENT_CLUSTER_NAME] = cluster_name
+    spec = portable_spec(service.get("spec") or {})
+    managed = {
+        "annotations": sorted(annotations),
+        "labels": sorted(labels),
+        "spec": sorted(f for f in spec if f not in TARGET_KEPT_FIELDS),
+    }
+    annotations[MANAGED_KEYS] = orjson.dumps(managed, option=orjson.OPT_SORT_KEYS).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+class Managed:
+    """What a copy in a target says is ours (:data:`MANAGED_KEYS`): keys of its labels and
+    annotations, and fields of its spec."""
+
+    def __init__(self, existing: dict) -> None:
+        meta = existing["metadata"]
+        labels, annotations = meta.get("labels") or {}, _annotations(existing)
+        try:
+            recorded = orjson.loads(annotations[MANAGED_KEYS])
+            self.labels = frozenset(recorded["labels"])
+            self.annotations = frozenset(recorded["annotations"]) - LOCAL_ANNOTATIONS
+            self.spec = frozenset(recorded["spec"])
+        except (KeyError, TypeError, ValueError):
+            # A copy made before MANAGED_KEYS existed (or whose record was mangled): all of
+            # it is taken as ours, once; the update that follows records what is.
+            self.labels = frozenset(labels)
+            self.annotations = frozenset(annotations) - LOCAL_ANNOTATIONS
+            self.spec = frozenset(existing.get("spec") or ()) - frozenset(TARGET_KEPT_FIELDS)
+
+
+def _differs(want: dict, have: dict, ours: frozenset[str]) -> bool:
+    """Whether ``have`` lacks a key-value of ``want``, or still has a key of ours that ``want``
+    dropped. Other keys of ``have`` are someone else's."""
+    if any(have.get(k) != v for k, v in want.items()):
+        return True
+    return any(k in have and k not in want for k in ours)
+
+
+def _theirs(have: dict, ours: frozenset[str]) -> dict:
+    return {k: v for k, v in have.items() if k not in ours}
+
+
+def copy_differs(desired: dict, existing: dict) -> bool:
+    """Whether the copy in a target (``existing``) must be written to become ``desired``: only
+    what is ours is compared (:class:`Managed`); what the target's controllers, webhooks and
+    defaults add or assign never makes a copy out of date."""
+    ours = Managed(existing)
+    meta, old_meta = desired["metadata"], existing["metadata"]
+    if _differs(meta["labels"], old_meta.get("labels") or {}, ours.labels):
+        return True
+    if _differs(meta["annotations"], _annotations(existing), ours.annotations):
+        return True
+    want = {k: v for k, v in desired["spec"].items() if k not in TARGET_KEPT_FIELDS}
+    return _differs(want, portable_spec(existing.get("spec") or {}), ours.spec)
+
+
+def must_recreate(desired: dict, existing: dict) -> bool:
+    """A Service cannot become headless, or stop being headless, in place."""
+    return is_headless(desired["spec"]) != is_headless(existing.get("spec") or {})
+
+
+def copy_update(desired: dict, existing: dict) -> dict:
+    """The body that replaces ``existing`` with ``desired`` (a PUT, conditional on the
+    resourceVersion). Our labels, annotations and spec fields are written, and those of ours
+    that ``desired`` dropped removed; everything else is kept as the target has it: others'
+    labels, annotations, finalizers and owners, spec fields that are not ours, what the target
+    assigned (cluster IPs, IP families, node ports by port name, health-check node port),
+    :data:`TARGET_KEPT_FIELDS` and the status."""
+    body = _copy.deepcopy(desired)
+    ours = Managed(existing)
+    meta, old_meta = body["metadata"], existing["metadata"]
+    meta["resourceVersion"] = old_meta["resourceVersion"]
+    for field in ("finalizers", "ownerReferences"):
+        if old_meta.get(field):
+            meta[field] = old_meta[field]
+    meta["labels"] = {**_theirs(old_meta.get("labels") or {}, ours.labels), **meta["labels"]}
+    meta["annotations"] = {
+        **_theirs(_annotations(existing), ours.annotations),
+        **meta["annotations"],
+    }
+    if "status" in existing:
+        body["status"] = _copy.deepcopy(existing["status"])  # the API server keeps it anyway
+    spec, old = body["spec"], existing.get("spec") or {}
+    for field, value in old.items():
+        if field not in ours.spec and field not in spec and field not in ASSIGNED_FIELDS:
+            spec[field] = _copy.deepcopy(value)  # a target's default, controller or webhook
+    external = "ExternalName"
+    for field in TARGET_KEPT_FIELDS:
+        if field in old and spec.get("type") != external:
+            spec[field] = old[field]
+    if spec.get("type") != external and old.get("type") != external:
+        for field in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
+            if field in old and field not in spec:
+                spec[field] = old[field]
+    if spec.get("type") in NODE_PORT_TYPES and old.get("type") in NODE_PORT_TYPES:
+        assigned = {
+            p.get("name", ""): p["nodePort"] for p in old.get("ports") or () if "nodePort" in p
+        }
+        for port in spec.get("ports") or ():
+            if port.get("name", "") in assigned:
+                port["nodePort"] = assigned[port.get("name", "")]
+    if (
+        spec.get("type") == "LoadBalancer"
+        and spec.get("externalTrafficPolicy") == "Local"
+        and old.get("healthCheckNodePort")
+    ):
+        spec["healthCheckNodePort"] = old["healthCheckNodePort"]
+    return body

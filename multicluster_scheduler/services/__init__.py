@@ -1,0 +1,2 @@
+"""Services that select proxy pods are rerouted to delegates; global services are copied to
+targets."""
