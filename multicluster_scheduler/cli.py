@@ -6,6 +6,21 @@ import argparse
 import sys
 
 from . import __version__, agent
+from .connect import export, join
+
+# Each subcommand module offers add_arguments(parser) and main(args) -> exit code.
+COMMANDS = {
+    "agent": (agent, "run the agent (webhook, controllers) of one cluster"),
+    "export": (
+        export,
+        "print a Secret holding a kubeconfig for a service account (pipe into kubectl apply)",
+    ),
+    "join": (
+        join,
+        "connect a source cluster to a target: Source in the target, Secret and Target in the "
+        "source",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,10 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    agent_parser = commands.add_parser(
-        "agent", help="run the agent (webhook, controllers) of one cluster"
-    )
-    agent.add_arguments(agent_parser)
+    for name, (module, summary) in COMMANDS.items():
+        module.add_arguments(commands.add_parser(name, help=summary, description=summary))
     return parser
 
 
@@ -28,9 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    if args.command == "agent":
-        return agent.main(args)
-    return 0
+    module, _ = COMMANDS[args.command]
+    return module.main(args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,10 @@
-"""The console script answers --version and explains itself without arguments."""
+"""The console script answers --version, explains itself without arguments, and its export
+and join fail with a message on stderr and exit code 1."""
 
 from __future__ import annotations
+
+import json
+import socket
 
 import pytest
 
@@ -18,3 +22,65 @@ def test_version(capsys):
 def test_no_command_prints_usage(capsys):
     assert main([]) == 2
     assert "usage: multicluster-scheduler" in capsys.readouterr().err
+
+
+def kubeconfig_file(tmp_path, server: str = "https://127.0.0.1:1") -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "clusters": [{"name": "k", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "a", "context": {"cluster": "k", "user": "u"}}],
+                "current-context": "a",
+            }
+        )
+    )
+    return str(path)
+
+
+def test_export_and_join_are_listed(capsys):
+    assert main([]) == 2
+    usage = capsys.readouterr().err
+    assert "export" in usage
+    assert "join" in usage
+
+
+def test_export_of_an_unknown_context_fails_on_stderr(tmp_path, capsys):
+    argv = ["export", "c1", "--as", "c2", "--kubeconfig", kubeconfig_file(tmp_path)]
+    assert main([*argv, "--context", "nope"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "error: context 'nope' is not in the kubeconfig (contexts: a)\n"
+
+
+def test_a_malformed_kubeconfig_fails_on_stderr(tmp_path, capsys):
+    path = tmp_path / "kubeconfig"
+    path.write_text("contexts: [a]\nclusters: []\n")
+    argv = ["join", "--kubeconfig", str(path), "--source-context", "a", "--target-context", "b"]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == (
+        f"error: kubeconfig {path}: an entry of contexts is not a mapping: 'a'\n"
+    )
+
+
+def test_join_with_an_unreachable_target_names_its_address(tmp_path, capsys):
+    port = free_port()
+    path = kubeconfig_file(tmp_path, f"https://127.0.0.1:{port}")
+    argv = ["join", "--kubeconfig", path, "--source-context", "a", "--target-context", "a"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read Target default/a: the API server of context a")
+    assert f"(https://127.0.0.1:{port}) does not answer" in err
+
+
+def test_export_requires_a_secret_name(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "c1"])
+    assert "--as" in capsys.readouterr().err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
