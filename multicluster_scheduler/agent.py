@@ -35,6 +35,8 @@ from multicluster.resources import NAMESPACES
 
 from .follow.controller import Follow
 from .scheduler.controller import Scheduler
+from .services.controller import ServiceSync
+from .sources.controller import finalizer_cleanup_controller, sources_controller
 from .summary.controller import summary_controller
 from .targets.controller import targets_controller
 from .targets.registry import TargetRegistry
@@ -233,11 +235,16 @@ async def run(settings: AgentSettings) -> None:
         re.compile(settings.summary_exclude_labels) if settings.summary_exclude_labels else None
     )
     manager.add_controller(summary_controller(cluster, exclude=exclude))
+    if settings.source_controller:
+        manager.add_controller(sources_controller(cluster))
+    else:  # Sources it gave a finalizer to may still be deleted (docs/sources.md)
+        manager.add_controller(finalizer_cleanup_controller(cluster))
     registry = TargetRegistry()
     manager.add_controller(targets_controller(cluster, manager, registry, cluster_options=options))
     follow = Follow(cluster, registry, cluster_name=cluster_name)
     for controller in follow.controllers:
         manager.add_controller(controller)
+    manager.add_runnable(follow.resync_forever, needs_leader=True)
     scheduler = Scheduler(
         cluster,
         registry,
@@ -250,6 +257,10 @@ async def run(settings: AgentSettings) -> None:
     pods = PodSync(cluster, registry, cluster_name=cluster_name)
     for controller in pods.controllers:
         manager.add_controller(controller)
+    services = ServiceSync(
+        cluster, registry, cluster_name=cluster_name, excluded_namespaces=(settings.namespace,)
+    )
+    manager.add_controller(services.controller)
     VirtualKubelet(
         cluster.client,
         registry,
