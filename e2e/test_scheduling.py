@@ -444,8 +444,10 @@ def more_nodes(testbed: TestBed):
 
 
 def test_elected_rollout_of_500_replicas_costs_little_more_than_a_native_one(
-    guide, more_nodes, kubectl: Kubectl
+    more_nodes, guide, kubectl: Kubectl
 ):
+    # more_nodes first: its nodes are removed after the guide's teardown has deleted the pods
+    # on them (pods of a deleted node wait for the pod garbage collector, 40 s or more).
     namespace, _ = guide
     replicas = 500
     native_namespace = namespace + "n"
