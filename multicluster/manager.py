@@ -47,6 +47,7 @@ class Manager:
         self.health_host = health_host
         self.tune_gc = tune_gc
         self.clusters: dict[str, Cluster] = {}
+        self._required: set[str] = set()
         self.controllers: list[Controller] = []
         self._runnables: list[tuple[Callable[[], Awaitable[None]], bool]] = []
         self._running = False
@@ -58,11 +59,16 @@ class Manager:
 
     # -- registration -------------------------------------------------------------------------
 
-    def add_cluster(self, cluster: Cluster) -> Cluster:
-        """Register a cluster; when running, its informers start at once."""
+    def add_cluster(self, cluster: Cluster, *, required: bool | None = None) -> Cluster:
+        """Register a cluster; when running, its informers start at once. ``/readyz`` waits
+        for ``required`` clusters only: by default those registered before :meth:`run`, not
+        those that come and go at run time (one unreachable target must not make the process
+        unready)."""
         if cluster.name in self.clusters:
             raise ValueError(f"a cluster named {cluster.name!r} is already registered")
         self.clusters[cluster.name] = cluster
+        if required if required is not None else not self._running:
+            self._required.add(cluster.name)
         if self._running:
             cluster.start()
             self._spawn(self._report_sync(cluster))
@@ -71,6 +77,7 @@ class Manager:
     async def remove_cluster(self, name: str) -> None:
         """Stop watching a cluster: handlers detached, informers stopped, connection closed."""
         cluster = self.clusters.pop(name, None)
+        self._required.discard(name)
         if cluster is None:
             return
         for controller in self.controllers:
@@ -206,7 +213,9 @@ class Manager:
         return web.Response(text="ok")
 
     async def _readyz(self, _request: web.Request) -> web.Response:
-        lagging = sorted(n for n, c in self.clusters.items() if not c.has_synced)
+        lagging = sorted(
+            n for n, c in self.clusters.items() if n in self._required and not c.has_synced
+        )
         if lagging:
             return web.Response(status=503, text=f"caches not synced: {', '.join(lagging)}")
         return web.Response(text="ok")

@@ -121,7 +121,7 @@ async def test_an_unreachable_cluster_never_holds_back_the_others(
     controller = Controller("both", reconcile)
     for cluster in (reachable, late):
         controller.watch(cluster, CONFIGMAPS, namespace=namespace)
-    manager = Manager(sync_timeout=2)
+    manager = Manager(sync_timeout=2, health_port=0, health_host="127.0.0.1")
     manager.add_cluster(reachable)
     manager.add_cluster(late)
     manager.add_controller(controller)
@@ -133,6 +133,12 @@ async def test_an_unreachable_cluster_never_holds_back_the_others(
             assert time.monotonic() - started < 10
             assert not late.has_synced
             assert late.last_error() is not None
+            host, port = manager.health_address  # clusters given at start gate readiness
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"http://{host}:{port}/readyz") as resp,
+            ):
+                assert (resp.status, await resp.text()) == (503, "caches not synced: cluster2")
 
             await proxy.start()
             await eventually(lambda: late.has_synced, timeout=60)
@@ -144,7 +150,7 @@ async def test_an_unreachable_cluster_never_holds_back_the_others(
         await proxy.stop()
 
 
-async def test_clusters_added_and_removed_while_running(connect, namespace: str):
+async def test_clusters_added_and_removed_while_running(testbed: TestBed, connect, namespace: str):
     first = connect("cluster1")
     seen: list[Request] = []
 
@@ -166,10 +172,17 @@ async def test_clusters_added_and_removed_while_running(connect, namespace: str)
         await writer.client.create(CONFIGMAPS, configmap("added", namespace))
         await eventually(lambda: Request("cluster2", namespace, "added") in seen)
 
+        # A cluster added at run time that cannot be reached does not make the process unready
+        # (an unreachable target must not take the webhook out of its Service).
+        dead = ClusterConfig.from_kubeconfig(str(testbed.kubeconfig), "cluster2")
+        dead.server = "https://127.0.0.1:9"
+        unreachable = Cluster("unreachable", dead)
+        manager.add_cluster(unreachable)
         host, port = manager.health_address
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://{host}:{port}/readyz") as resp:
                 assert (resp.status, await resp.text()) == (200, "ok")
+            await manager.remove_cluster("unreachable")
             async with http.get(f"http://{host}:{port}/metrics") as resp:
                 text = await resp.text()
                 assert 'controller_runtime_reconcile_total{controller="dynamic"' in text
