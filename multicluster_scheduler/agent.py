@@ -187,6 +187,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time a target's scheduler has to place a delegate before another target is tried",
     )
     add(
+        "--summary-exclude-labels",
+        default=env("summary-exclude-labels"),
+        help="regular expression of node label keys left out of the ClusterSummary's node groups",
+    )
+    add(
         "--source-controller",
         default=env("source-controller", "true"),
         help="true or false (chart value sourceController.enabled)",

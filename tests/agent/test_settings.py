@@ -54,3 +54,14 @@ def test_bad_settings_are_refused_with_the_reason(argv, message, capsys, monkeyp
     monkeypatch.delenv("MCS_NAMESPACE", raising=False)
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_charts_summary_exclusion_flag_is_understood(monkeypatch):
+    """The chart passes ``--summary-exclude-labels`` when ``summary.excludeLabels`` is set."""
+    monkeypatch.setenv("MCS_NAMESPACE", "admiralty")
+    settings = parse(["--summary-exclude-labels", "^example\\.com/build-id$"])
+    assert settings.summary_exclude_labels == "^example\\.com/build-id$"
+    monkeypatch.setenv("MCS_SUMMARY_EXCLUDE_LABELS", "^a$")
+    assert parse([]).summary_exclude_labels == "^a$"
+    with pytest.raises(ValueError, match="not a regular expression"):
+        parse(["--summary-exclude-labels", "("])
