@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from multicluster import Forbidden, Unauthorized, Unreachable
+from multicluster import Forbidden, NotFound, Unauthorized, Unreachable
 from multicluster_scheduler.targets.controller import (
     classify,
     ready_condition,
@@ -52,3 +52,5 @@ def test_errors_map_to_reasons():
     assert classify(Forbidden("x"))[0] == "Forbidden"
     assert "summary-viewer" in classify(Forbidden("x"))[1]
     assert classify(Unreachable("x"))[0] == "Unreachable"
+    # A target without our CRDs answers 404 for ClusterSummaries: not installed, not unreachable.
+    assert classify(NotFound("x"))[0] == "SummaryMissing"

@@ -19,6 +19,7 @@ from multicluster import (
     EnqueueMapped,
     Forbidden,
     Manager,
+    NotFound,
     Request,
     Result,
     Unauthorized,
@@ -88,6 +89,11 @@ def secret_reference(target: dict) -> str | None:
 
 
 def classify(error: Exception) -> tuple[str, str]:
+    if isinstance(error, NotFound):
+        return "SummaryMissing", (
+            "the target has no ClusterSummary resource: is multicluster-scheduler installed "
+            f"there? ({error})"
+        )
     if isinstance(error, Unauthorized):
         return "Unauthorized", f"the target rejected our credentials: {error}"
     if isinstance(error, Forbidden):
@@ -282,7 +288,7 @@ class TargetsReconciler:
         if old is None or old.get("reason") != reason:
             await self.events.record(
                 {**target, "apiVersion": resource.api_version, "kind": resource.kind},
-                "Normal" if ready else "Warning",
+                "Warning" if ready is False else "Normal",
                 reason,
                 message,
             )
