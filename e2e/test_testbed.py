@@ -51,13 +51,24 @@ def test_deployment_runs_then_controllers_clean_up(
             "template": {
                 "metadata": {"labels": {"app": "web"}},
                 "spec": {
+                    # Spread whatever earlier tests left on the nodes (least-allocated scoring
+                    # alone may put every replica on the emptiest node).
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "DoNotSchedule",
+                            "nodeTaintsPolicy": "Honor",  # tainted (e.g. virtual) nodes: none
+                            "labelSelector": {"matchLabels": {"app": "web"}},
+                        }
+                    ],
                     "containers": [
                         {
                             "name": "nginx",
                             "image": "nginx",
                             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
                         }
-                    ]
+                    ],
                 },
             },
         },
