@@ -160,6 +160,8 @@ def test_broken_targets_say_why_and_others_stay_ready(
         'jsonpath={.status.conditions[?(@.type=="Ready")].message}',
     )
     assert message
+    if reason == "Unreachable":  # in words, naming the address
+        assert "cannot connect to 127.0.0.1:1: Connect call failed" in message, message
     events = kubectl(
         SOURCE,
         "get",

@@ -22,6 +22,27 @@ from .errors import NotFound, Unreachable, error_for
 from .ratelimit import TokenBucket
 from .resources import PODS, Resource
 
+
+def describe(error: BaseException) -> str:
+    """Why a server did not answer, in words (not the exception's repr)."""
+    if isinstance(error, aiohttp.ClientConnectorCertificateError):
+        cause = error.certificate_error
+        why = getattr(cause, "verify_message", None) or (
+            cause.args[-1] if getattr(cause, "args", None) else str(cause)
+        )
+        return f"the server's TLS certificate is not trusted: {why}"
+    if isinstance(error, aiohttp.ClientConnectorError):
+        why = error.os_error.strerror or str(error.os_error) or type(error.os_error).__name__
+        return f"cannot connect to {error.host}:{error.port}: {why}"
+    if isinstance(error, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection"
+    if isinstance(error, aiohttp.ClientSSLError | aiohttp.ClientConnectorSSLError):
+        return f"TLS failed: {error}"
+    if isinstance(error, TimeoutError):
+        return "no answer in time"
+    return str(error) or type(error).__name__
+
+
 log = logging.getLogger(__name__)
 
 PatchType = Literal["merge", "strategic", "json", "apply"]
@@ -115,7 +136,7 @@ class Client:
                     status = resp.status
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 metrics.API_ERRORS.labels(self.name, "unreachable").inc()
-                raise Unreachable(f"{method} {path} on {self.name}: {e!r}") from e
+                raise Unreachable(f"{method} {path} on {self.name}: {describe(e)}") from e
             finally:
                 metrics.API_LATENCY.labels(self.name, method).observe(time.perf_counter() - started)
             if status == 401 and attempt == 0 and self.config.authorization():
@@ -246,7 +267,7 @@ class Client:
                             raise error
                         yield event
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise Unreachable(f"WATCH {path} on {self.name}: {e!r}") from e
+            raise Unreachable(f"WATCH {path} on {self.name}: {describe(e)}") from e
 
     async def create(
         self,
