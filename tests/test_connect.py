@@ -962,3 +962,32 @@ async def test_a_rejoin_that_changes_the_secret_waits_for_the_agent_to_reconnect
 def test_tls_server_name_is_a_connection_option():
     args = join_args("--source-context", "a", "--target-context", "b", "--tls-server-name", "n")
     assert args.tls_server_name == "n"
+
+
+async def test_an_apply_is_unchanged_when_only_a_controller_wrote_meanwhile():
+    """The agent writes a Target's status as join applies it: that is not a change join made."""
+    from multicluster_scheduler.api.resources import TARGETS
+
+    context = fake_context("cluster1")
+    manifest = {
+        "apiVersion": "multicluster.admiralty.io/v1alpha1",
+        "kind": "Target",
+        "metadata": {"name": "c2", "namespace": "t"},
+        "spec": {"kubeconfigSecret": {"name": "c2", "key": "config"}},
+    }
+    _, outcome = await context.apply(TARGETS, manifest)
+    assert outcome == "created"
+    client = context.client
+    real_patch = client.patch
+
+    async def patch_after_a_status_write(resource, name, patch, namespace=None, **kw):
+        current = client.objects[(resource.plural, namespace, name)]
+        client.put(resource.plural, {**current, "status": {"conditions": [{"type": "Ready"}]}})
+        return await real_patch(resource, name, patch, namespace, **kw)
+
+    client.patch = patch_after_a_status_write
+    _, outcome = await context.apply(TARGETS, manifest)
+    assert outcome == "unchanged"
+    changed = {**manifest, "spec": {"kubeconfigSecret": {"name": "other", "key": "config"}}}
+    _, outcome = await context.apply(TARGETS, changed)
+    assert outcome == "configured"

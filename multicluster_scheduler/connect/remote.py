@@ -92,8 +92,18 @@ class Context:
         )
         if before is None:
             return after, "created"
-        same = before["metadata"].get("resourceVersion") == after["metadata"].get("resourceVersion")
-        return after, "unchanged" if same else "configured"
+        # Not the resourceVersion: a controller may have written the status meanwhile.
+        return after, "unchanged" if _content(before) == _content(after) else "configured"
+
+
+def _content(obj: dict) -> dict:
+    """What an apply may change: everything but the status and server-kept metadata."""
+    meta = obj.get("metadata") or {}
+    return {
+        **{k: v for k, v in obj.items() if k not in ("metadata", "status")},
+        "labels": meta.get("labels") or {},
+        "annotations": meta.get("annotations") or {},
+    }
 
 
 def read_context(
