@@ -14,3 +14,10 @@ def is_copy_of(copy: dict, namespace: str, name: str, cluster_name: str) -> bool
         and annotations.get(keys.PARENT_NAMESPACE) == namespace
         and annotations.get(keys.PARENT_NAME) == name
     )
+
+
+def is_ours(copy: dict, cluster_name: str) -> bool:
+    """Whether ``copy`` is a copy made by cluster ``cluster_name`` of its namesake there (copies
+    keep their original's namespace and name)."""
+    meta = copy["metadata"]
+    return is_copy_of(copy, meta.get("namespace") or "", meta["name"], cluster_name)

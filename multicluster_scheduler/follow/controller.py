@@ -54,6 +54,7 @@ from ..api.follow import (
     references,
     slim_followed,
 )
+from ..api.parents import is_ours
 from ..api.proxy import parent_cluster
 from ..targets.registry import TargetConnection, TargetRegistry
 
@@ -162,7 +163,7 @@ class Follower:
             meta = copy["metadata"]
             if event == DELETED:
                 self._written.pop((node, meta["namespace"], meta["name"]), None)
-            if is_copy_of(copy, meta["namespace"], meta["name"], self.cluster_name):
+            if is_ours(copy, self.cluster_name):
                 queue.add(self._request(meta["namespace"], meta["name"]), low_priority=initial)
 
         connection.delegates.add_handler(on_delegate)
@@ -185,7 +186,7 @@ class Follower:
         for copies in list(self.copies.values()):
             for copy in copies.list():
                 meta = copy["metadata"]
-                if is_copy_of(copy, meta["namespace"], meta["name"], self.cluster_name):
+                if is_ours(copy, self.cluster_name):
                     self.controller.queue.add(
                         self._request(meta["namespace"], meta["name"]), low_priority=True
                     )
@@ -195,11 +196,7 @@ class Follower:
         copies = self.copies.get(connection.node_name)
         if copies is None or connection.cluster is None:
             return
-        ours = [
-            c
-            for c in copies.list()
-            if is_copy_of(c, c["metadata"]["namespace"], c["metadata"]["name"], self.cluster_name)
-        ]
+        ours = [c for c in copies.list() if is_ours(c, self.cluster_name)]
         if not ours:
             return
         try:

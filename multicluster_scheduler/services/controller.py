@@ -47,6 +47,7 @@ from multicluster.informer import ADDED, MODIFIED, strip_managed_fields
 from multicluster.resources import PODS, SERVICES
 
 from ..api import keys
+from ..api.parents import is_ours
 from ..api.proxy import PROXY_FIELD_SELECTOR, slim_proxy
 from ..api.services import (
     copy_differs,
@@ -183,7 +184,7 @@ class ServiceSync:
 
         def on_copy(_event: str, copy: dict, _old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
-            if is_copy_of(copy, meta["namespace"], meta["name"], self.cluster_name):
+            if is_ours(copy, self.cluster_name):
                 queue.add(self._request(meta["namespace"], meta["name"]), low_priority=initial)
 
         copies.add_handler(on_copy)
@@ -226,7 +227,7 @@ class ServiceSync:
         queue = self.controller.queue
         for copy in copies.list() if copies is not None else ():
             meta = copy["metadata"]
-            if is_copy_of(copy, meta["namespace"], meta["name"], self.cluster_name):
+            if is_ours(copy, self.cluster_name):
                 queue.add(self._request(meta["namespace"], meta["name"]), low_priority=True)
 
     def _resync(self, connection: TargetConnection) -> None:
@@ -268,11 +269,7 @@ class ServiceSync:
         copies = self.copies.get(connection.node_name)
         if copies is None or connection.cluster is None:
             return
-        ours = [
-            c
-            for c in copies.list()
-            if is_copy_of(c, c["metadata"]["namespace"], c["metadata"]["name"], self.cluster_name)
-        ]
+        ours = [c for c in copies.list() if is_ours(c, self.cluster_name)]
         if not ours:
             return
         try:
