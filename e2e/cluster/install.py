@@ -26,8 +26,11 @@ NAMESPACE = "admiralty"
 
 
 class Installation:
-    def __init__(self, bed: TestBed, agents_per_cluster: int = 1) -> None:
+    def __init__(
+        self, bed: TestBed, agents_per_cluster: int = 1, agent_args: tuple[str, ...] = ()
+    ) -> None:
         self.bed = bed
+        self.agent_args = agent_args
         self.agents_per_cluster = agents_per_cluster
         self.agents: dict[str, list[Process]] = {}
         self.webhook_ports: dict[str, int] = {}
@@ -117,6 +120,7 @@ class Installation:
                         "--webhook-cert-host=127.0.0.1",
                         "--health-host=127.0.0.1",
                         f"--health-port={ports[1 + i]}",
+                        *self.agent_args,
                     ],
                     cluster.dir / "logs" / f"agent-{i}.log",
                     env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},

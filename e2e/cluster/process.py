@@ -44,6 +44,7 @@ class Process:
         self.env = env or {}
         self.bound_to_parent = bound_to_parent
         self._popen: subprocess.Popen | None = None
+        self.started_at: float | None = None  # time.monotonic() of the last start
 
     @property
     def pid(self) -> int | None:
@@ -64,6 +65,7 @@ class Process:
         with self.log_path.open("ab") as log:
             log.write(f"\n==> {time.strftime('%H:%M:%S')} start {self.name}\n".encode())
             log.flush()
+            self.started_at = time.monotonic()
             self._popen = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
