@@ -5,8 +5,17 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from multicluster_scheduler.api.summary import pod_requests
-from multicluster_scheduler.summary.compute import slim_node, slim_pod, summarize
+from multicluster_scheduler.summary.compute import (
+    RequestedLedger,
+    slim_node,
+    slim_pod,
+    summarize,
+    summarize_nodes,
+)
 
 
 def node(name, cpu="8", memory="32Gi", pods="110", labels=None, taints=None):
@@ -99,3 +108,42 @@ def test_requests_count_init_containers_sidecars_and_overhead():
 def test_same_inputs_give_identical_summaries():
     nodes = [node("b"), node("a")]
     assert summarize(nodes, [pod("a")]) == summarize(list(reversed(nodes)), [pod("a")])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5),  # which pod
+            st.sampled_from(["a", "b", None]),  # its node (None: unbound)
+            st.sampled_from(["Pending", "Running", "Succeeded", "Failed", None]),
+            st.sampled_from(["100m", "250m", "1", "1500m", "0"]),
+            st.booleans(),  # deleted
+        ),
+        max_size=40,
+    )
+)
+def test_the_ledger_kept_event_by_event_equals_a_recount_of_the_pods(events):
+    ledger = RequestedLedger()
+    pods: dict[str, dict] = {}
+    for index, where, phase, cpu, deleted in events:
+        key = f"ns/p{index}"
+        if deleted:
+            pods.pop(key, None)
+            ledger.update(key, None)
+            continue
+        found = slim_pod(
+            {
+                "metadata": {"name": f"p{index}", "namespace": "ns"},
+                "spec": {
+                    "nodeName": where,
+                    "containers": [{"resources": {"requests": {"cpu": cpu}}}],
+                },
+                "status": {"phase": phase},
+            }
+        )
+        pods[key] = found
+        ledger.update(key, found)
+    nodes = [node("a"), node("b")]
+    assert summarize_nodes(nodes, ledger.by_node) == summarize(nodes, list(pods.values()))
+    assert all(totals for totals in ledger.by_node.values()), "no empty entries kept"

@@ -91,16 +91,61 @@ def group_key(node: dict, exclude: re.Pattern | None) -> tuple:
     return kept, taints
 
 
+def counted(pod: dict) -> tuple[str, dict[str, Fraction]] | None:
+    """The node a pod's requests count against, and those requests; None when they count
+    nowhere (not bound yet, or finished)."""
+    node = pod["spec"].get("nodeName")
+    if not node or pod["status"].get("phase") in TERMINAL_PHASES:
+        return None
+    return node, {name: amount for name, amount in pod_requests(pod).items() if amount}
+
+
+class RequestedLedger:
+    """Requests per node, kept up to date pod event by pod event, so a summary costs a pass
+    over nodes, not over every pod (10,000s of them in a busy cluster)."""
+
+    def __init__(self) -> None:
+        self.by_node: dict[str, dict[str, Fraction]] = {}
+        self._pods: dict[str, tuple[str, dict[str, Fraction]]] = {}
+
+    def update(self, key: str, pod: dict | None) -> None:
+        """Account for the pod's latest state (None: deleted)."""
+        old = self._pods.pop(key, None)
+        if old is not None:
+            node, requests = old
+            totals = self.by_node[node]
+            for name, amount in requests.items():
+                left = totals[name] - amount
+                if left:
+                    totals[name] = left
+                else:
+                    del totals[name]
+            if not totals:
+                del self.by_node[node]
+        new = counted(pod) if pod is not None else None
+        if new is not None:
+            self._pods[key] = new
+            add(self.by_node.setdefault(new[0], {}), new[1])
+
+
 def summarize(
     nodes: list[dict], pods: list[dict], exclude: re.Pattern | None = None
 ) -> dict[str, Any]:
     """The ClusterSummary fields (capacity, allocatable, nodeGroups) for these objects."""
+    ledger = RequestedLedger()
+    for i, pod in enumerate(pods):
+        ledger.update(str(i), pod)
+    return summarize_nodes(nodes, ledger.by_node, exclude)
+
+
+def summarize_nodes(
+    nodes: list[dict],
+    requested_by_node: dict[str, dict[str, Fraction]],
+    exclude: re.Pattern | None = None,
+) -> dict[str, Any]:
+    """The ClusterSummary fields for these nodes, given the requests counted against each."""
     real = {n["metadata"]["name"]: n for n in nodes if not is_virtual(n)}
-    requested: dict[str, dict[str, Fraction]] = {name: {} for name in real}
-    for pod in pods:
-        node = pod["spec"].get("nodeName")
-        if node in requested and pod["status"].get("phase") not in TERMINAL_PHASES:
-            add(requested[node], pod_requests(pod))
+    requested = {name: requested_by_node.get(name, {}) for name in real}
     capacity: dict[str, Fraction] = {}
     allocatable: dict[str, Fraction] = {}
     groups: dict[tuple, dict[str, Any]] = {}
