@@ -33,6 +33,7 @@ from .informer import (
     index_by_label,
     index_by_owner_uid,
     object_key,
+    share_strings,
     strip_managed_fields,
 )
 from .leaderelection import LeaderElectionConfig, LeaderElector
@@ -79,5 +80,6 @@ __all__ = [
     "is_deleting",
     "object_key",
     "remove_finalizer",
+    "share_strings",
     "strip_managed_fields",
 ]

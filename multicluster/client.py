@@ -66,32 +66,48 @@ class Client:
         qps: float = 50.0,
         burst: int = 100,
         timeout: float = 30.0,
+        max_connections: int = 64,
     ) -> None:
         self.config = config
         self.name = name or config.server
         self.timeout = timeout
         self._limiter = TokenBucket(qps, burst)
+        self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._watch_session: aiohttp.ClientSession | None = None
+
+    def _new_session(self, limit: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            ssl=self.config.ssl_context if self.config.ssl_context else False,
+            limit=limit,
+            ttl_dns_cache=300,
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+            headers={"User-Agent": USER_AGENT},
+        )
 
     @property
     def session(self) -> aiohttp.ClientSession:
+        """Requests: at most ``max_connections`` at once (each TLS connection holds buffers;
+        hundreds of idle ones after a burst are memory for nothing)."""
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                ssl=self.config.ssl_context if self.config.ssl_context else False,
-                limit=0,
-                ttl_dns_cache=300,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-                headers={"User-Agent": USER_AGENT},
-            )
+            self._session = self._new_session(self.max_connections)
         return self._session
 
+    @property
+    def watch_session(self) -> aiohttp.ClientSession:
+        """Watches: one connection each for as long as it lasts, never queued behind requests."""
+        if self._watch_session is None or self._watch_session.closed:
+            self._watch_session = self._new_session(0)
+        return self._watch_session
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+        self._session = self._watch_session = None
 
     def _headers(self, content_type: str | None = None, accept: str | None = None) -> dict:
         headers = {"Accept": accept or "application/json"}
@@ -234,7 +250,7 @@ class Client:
         )
         path = resource.path(namespace)
         try:
-            async with self.session.get(
+            async with self.watch_session.get(
                 self.config.server + path,
                 params=params,
                 headers=self._headers(),

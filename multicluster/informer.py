@@ -12,8 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
 
 from . import metrics
 from .client import Client
@@ -27,6 +31,31 @@ ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 Handler = Callable[[str, dict, "dict | None", bool], Any]
 """``handler(event_type, obj, old, initial)``; ``initial`` marks events of the first list."""
 IndexFunc = Callable[[dict], Iterable[str]]
+
+_running: weakref.WeakSet[Informer] = weakref.WeakSet()
+
+
+class _CachedObjects:
+    """``informer_cached_objects``: read from the running informers at each scrape, summed by
+    cluster and resource (several informers of one resource, with different selectors, may run
+    against one cluster)."""
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "informer_cached_objects",
+            "Objects held in informer caches.",
+            labels=["cluster", "resource"],
+        )
+        totals: dict[tuple[str, str], int] = {}
+        for informer in list(_running):
+            key = informer._labels
+            totals[key] = totals.get(key, 0) + len(informer.store)
+        for key, count in sorted(totals.items()):
+            family.add_metric(list(key), count)
+        yield family
+
+
+metrics.REGISTRY.register(_CachedObjects())
 
 
 def object_key(obj: dict) -> str:
@@ -55,6 +84,35 @@ def index_by_label(key: str) -> IndexFunc:
 def strip_managed_fields(obj: dict) -> dict:
     """A transform that drops ``metadata.managedFields`` (often a third of an object)."""
     obj["metadata"].pop("managedFields", None)
+    return obj
+
+
+def share_strings(obj: Any, longest: int = 64) -> Any:
+    """Make equal short strings in ``obj`` one object (``sys.intern``), in place; return ``obj``.
+
+    Decoded JSON gives every pod its own copy of every string: "True", "Running", condition
+    types, image and node names, owner references, timestamps of pods started in the same
+    second. In a cache of 10,000s of pods, sharing them saves about a third of the memory for
+    a few tens of microseconds per event. Strings longer than ``longest`` (a manifest in an
+    annotation, say) are left alone. Interned strings are freed with their last user (except
+    on CPython 3.12.0 to 3.12.5, which kept them: use another 3.12 or 3.11, 3.13).
+    """
+    stack = [obj]
+    intern = sys.intern
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if type(value) is str and len(value) <= longest:
+                    item[key] = intern(value)
+                elif isinstance(value, dict | list):
+                    stack.append(value)
+        elif isinstance(item, list):
+            for i, value in enumerate(item):
+                if type(value) is str and len(value) <= longest:
+                    item[i] = intern(value)
+                elif isinstance(value, dict | list):
+                    stack.append(value)
     return obj
 
 
@@ -211,6 +269,7 @@ class Informer:
     def start(self) -> asyncio.Task:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self.run(), name=repr(self))
+            _running.add(self)
         return self._task
 
     async def stop(self) -> None:
@@ -218,6 +277,7 @@ class Informer:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        _running.discard(self)
 
     @property
     def running(self) -> bool:
@@ -291,7 +351,6 @@ class Informer:
                 self._dispatch(MODIFIED, obj, old, initial)
         self.resource_version = version
         self.last_error = None
-        metrics.INFORMER_OBJECTS.labels(*self._labels).set(len(self.store))
         if initial:
             self._synced.set()
 
@@ -329,7 +388,6 @@ class Informer:
                     self._dispatch(MODIFIED, obj, old, False)
             if version:
                 self.resource_version = version
-        metrics.INFORMER_OBJECTS.labels(*self._labels).set(len(store))
         return delivered
 
     def _connected(self) -> None:

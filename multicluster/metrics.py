@@ -35,12 +35,6 @@ INFORMER_EVENTS = Counter(
     ["cluster", "resource", "type"],
     registry=REGISTRY,
 )
-INFORMER_OBJECTS = Gauge(
-    "informer_cached_objects",
-    "Objects held in an informer cache.",
-    ["cluster", "resource"],
-    registry=REGISTRY,
-)
 QUEUE_DEPTH = Gauge("workqueue_depth", "Items waiting in a workqueue.", ["name"], registry=REGISTRY)
 QUEUE_ADDS = Counter(
     "workqueue_adds_total", "Items added to a workqueue.", ["name"], registry=REGISTRY

@@ -186,3 +186,30 @@ async def test_a_silent_watch_is_reopened(testbed: TestBed, connect, namespace: 
     finally:
         await cluster.stop()
         await proxy.stop()
+
+
+async def test_cached_objects_count_every_informer_of_a_cluster_as_it_changes(
+    connect, namespace: str
+):
+    cluster = connect("cluster1", name="metrics-probe")
+    client = cluster.client
+    await client.create(CONFIGMAPS, configmap("web", namespace, app="web"))
+    await client.create(CONFIGMAPS, configmap("db", namespace, app="db"))
+    labels = {"cluster": "metrics-probe", "resource": str(CONFIGMAPS)}
+
+    def cached() -> float | None:
+        return metrics.REGISTRY.get_sample_value("informer_cached_objects", labels)
+
+    web = cluster.informer(CONFIGMAPS, namespace, label_selector="app=web")
+    db = cluster.informer(CONFIGMAPS, namespace, label_selector="app=db")
+    recorder = Recorder()
+    web.add_handler(recorder)
+    cluster.start()
+    assert await web.wait_synced(10)
+    assert await db.wait_synced(10)
+    assert cached() == 2, "both informers' objects, not the last one to report"
+    await client.create(CONFIGMAPS, configmap("web2", namespace, app="web"))
+    await recorder.wait(ADDED, "web2")
+    assert cached() == 3, "current while the watch goes on, not only when it ends"
+    await cluster.stop()
+    assert cached() is None, "stopped informers are not counted"

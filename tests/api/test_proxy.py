@@ -462,7 +462,7 @@ FULL_POD = {
         "creationTimestamp": "2024-01-01T00:00:00Z",
         "deletionTimestamp": "2024-01-02T00:00:00Z",
         "labels": {"a": "b"},
-        "annotations": {keys.SOURCEPOD_MANIFEST: "{}"},
+        "annotations": {keys.SOURCEPOD_MANIFEST: "{}", "team": "a"},
         "ownerReferences": [{"uid": "rs", "controller": True}],
         "finalizers": [keys.FINALIZER],
         "managedFields": [{"manager": "kubectl"}],
@@ -479,7 +479,8 @@ FULL_POD = {
 def test_slim_proxy_keeps_what_the_scheduler_and_the_virtual_kubelet_read():
     slim = slim_proxy(FULL_POD)
     assert slim["metadata"] == {
-        k: v for k, v in FULL_POD["metadata"].items() if k != "managedFields"
+        **{k: v for k, v in FULL_POD["metadata"].items() if k != "managedFields"},
+        "annotations": {"team": "a"},  # bound: its manifest is never read again
     }
     assert slim["spec"] == {
         "nodeName": "admiralty-cluster-c1",
@@ -490,9 +491,12 @@ def test_slim_proxy_keeps_what_the_scheduler_and_the_virtual_kubelet_read():
     assert controller_uid(slim) == "rs"
 
 
-def test_slim_proxy_still_holds_the_manifest(manifest):
+def test_slim_proxy_holds_the_manifest_until_the_pod_is_bound(manifest):
     proxy = proxy_of(manifest)
-    assert source_manifest(slim_proxy(proxy)) == manifest
+    unbound = {**proxy, "spec": {"schedulerName": keys.PROXY_SCHEDULER_NAME}}
+    assert source_manifest(slim_proxy(unbound)) == manifest
+    assert keys.SOURCEPOD_MANIFEST not in slim_proxy(proxy)["metadata"]["annotations"]
+    assert keys.SOURCEPOD_MANIFEST in proxy["metadata"]["annotations"], "the pod is untouched"
 
 
 def test_slim_delegate_keeps_what_the_virtual_kubelet_reads():

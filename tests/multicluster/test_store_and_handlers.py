@@ -92,3 +92,18 @@ def test_errors_are_typed_by_status_and_reason():
     assert isinstance(error_for(410, {}, "WATCH"), Gone)
     assert isinstance(error_for(503, "down", "GET"), ServerError)
     assert "pods x not found" in str(error_for(404, {"message": "pods x not found"}, "GET"))
+
+
+def test_share_strings_makes_equal_strings_one_object_and_keeps_the_value():
+    import orjson
+
+    from multicluster import share_strings
+
+    raw = b'{"a": {"phase": "Running", "list": ["Running", {"x": "Running"}], "n": 1, "b": true}}'
+    first, second = orjson.loads(raw), orjson.loads(raw)
+    assert first["a"]["phase"] is not second["a"]["phase"]
+    share_strings(first)
+    share_strings(second)
+    assert first == orjson.loads(raw)
+    assert first["a"]["phase"] is second["a"]["phase"]
+    assert first["a"]["list"][1]["x"] is second["a"]["list"][0]
