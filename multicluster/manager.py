@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from . import gctune, metrics
+from .client import Client
 from .cluster import Cluster
 from .controller import Controller
 from .leaderelection import LeaderElectionConfig, LeaderElector
@@ -50,6 +51,7 @@ class Manager:
         self._required: set[str] = set()
         self.controllers: list[Controller] = []
         self._runnables: list[tuple[Callable[[], Awaitable[None]], bool]] = []
+        self._readiness_checks: list[Callable[[], str | None]] = []
         self._running = False
         self._stop = asyncio.Event()
         self._elector: LeaderElector | None = None
@@ -90,6 +92,10 @@ class Manager:
     def add_controller(self, controller: Controller) -> Controller:
         self.controllers.append(controller)
         return controller
+
+    def add_readiness_check(self, check: Callable[[], str | None]) -> None:
+        """``/readyz`` answers 503 with ``check()``'s reason while it returns one."""
+        self._readiness_checks.append(check)
 
     def add_runnable(self, run: Callable[[], Awaitable[None]], *, needs_leader: bool) -> None:
         """Any coroutine to run alongside controllers (e.g. a webhook server)."""
@@ -186,8 +192,20 @@ class Manager:
         cluster = self._election_cluster or next(iter(self.clusters.values()), None)
         if cluster is None:
             raise ValueError("leader election needs a cluster to hold its Lease")
-        self._elector = LeaderElector(cluster.client, self.leader_election)
-        await self._elector.run(lead)
+        # A client of its own: renewals must not queue behind the controllers' requests (its
+        # own rate limit and connections), or a busy leader loses its lease to no one.
+        client = Client(
+            cluster.config,
+            name=f"{cluster.name}-leader-election",
+            qps=5,
+            burst=10,
+            max_connections=2,
+        )
+        self._elector = LeaderElector(client, self.leader_election)
+        try:
+            await self._elector.run(lead)
+        finally:
+            await client.close()
         if not self._stop.is_set():
             raise LeadershipLost(
                 f"lost lease {self.leader_election.namespace}/{self.leader_election.name}"
@@ -218,6 +236,10 @@ class Manager:
         )
         if lagging:
             return web.Response(status=503, text=f"caches not synced: {', '.join(lagging)}")
+        for check in self._readiness_checks:
+            reason = check()
+            if reason:
+                return web.Response(status=503, text=reason)
         return web.Response(text="ok")
 
     async def _metrics(self, _request: web.Request) -> web.Response:

@@ -179,7 +179,12 @@ async def test_clusters_added_and_removed_while_running(testbed: TestBed, connec
         unreachable = Cluster("unreachable", dead)
         manager.add_cluster(unreachable)
         host, port = manager.health_address
+        serving = False
+        manager.add_readiness_check(lambda: None if serving else "the webhook is not serving yet")
         async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://{host}:{port}/readyz") as resp:
+                assert (resp.status, await resp.text()) == (503, "the webhook is not serving yet")
+            serving = True
             async with http.get(f"http://{host}:{port}/readyz") as resp:
                 assert (resp.status, await resp.text()) == (200, "ok")
             await manager.remove_cluster("unreachable")

@@ -224,6 +224,7 @@ class TargetsReconciler:
 
     async def _disconnect(self, connection: TargetConnection) -> None:
         cluster = connection.cluster
+        delegates = connection.delegates
         self._config_keys.pop(connection.node_name, None)
         handler = self._handlers.pop(connection.node_name, None)
         if connection.summaries is not None and handler is not None:
@@ -233,6 +234,12 @@ class TargetsReconciler:
         connection.cluster, connection.summaries, connection.delegates = None, None, None
         if cluster is not None and cluster is not self.local:
             await self.manager.remove_cluster(cluster.name)
+        elif delegates is not None and not any(
+            other.delegates is delegates for other in self.registry.connections.values()
+        ):
+            # A self target's delegates are watched on this cluster, which stays: stop that
+            # watch unless another self target of the same namespace still uses it.
+            await self.local.remove_informer(delegates)
 
     def _readiness(self, connection: TargetConnection) -> tuple[bool | None, str, str]:
         summaries = connection.summaries
