@@ -75,14 +75,6 @@ CLUSTER_SYNCED = Gauge(
 )
 
 
-WEBHOOK_REQUESTS = Counter(
-    "webhook_requests_total",
-    "Admission requests answered, by webhook and result (allowed, patched, refused, malformed).",
-    ["webhook", "result"],
-    registry=REGISTRY,
-)
-
-
 def exposition() -> bytes:
     """The registry in Prometheus text format."""
     return generate_latest(REGISTRY)

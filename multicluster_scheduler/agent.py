@@ -44,7 +44,7 @@ from .targets.registry import TargetRegistry
 from .virtual_kubelet.loop import VirtualKubelet, release_owner
 from .virtual_kubelet.pods import PodSync
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
-from .webhook.server import WebhookServer
+from .webhook.server import WebhookProcess, WebhookServer
 
 log = logging.getLogger("multicluster_scheduler.agent")
 
@@ -91,6 +91,9 @@ class AgentSettings(BaseModel):
     leader_election_renew_deadline: float = 10.0
     leader_election_retry_period: float = 2.0
     source_controller: bool = True
+    webhook_process: bool = Field(
+        True, description="serve the webhook from a process of its own, not the agent's loop"
+    )
     cluster_name: str | None = Field(
         None,
         description="this cluster's name on delegates it creates (default: kube-system's uid)",
@@ -197,6 +200,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=env("source-controller", "true"),
         help="true or false (chart value sourceController.enabled)",
     )
+    add(
+        "--webhook-process",
+        default=env("webhook-process", "true"),
+        help="true: the webhook answers from a process of its own, unaffected by the "
+        "controllers' load; false: from the agent's event loop",
+    )
 
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:
@@ -301,10 +310,14 @@ async def run(settings: AgentSettings) -> None:
             assert settings.webhook_cert_dir is not None
             cert_file = settings.webhook_cert_dir / "tls.crt"
             key_file = settings.webhook_cert_dir / "tls.key"
-        webhook = WebhookServer(settings.webhook_host, settings.webhook_port, cert_file, key_file)
+        serve = WebhookProcess if settings.webhook_process else WebhookServer
+        webhook = serve(settings.webhook_host, settings.webhook_port, cert_file, key_file)
         if settings.self_managed_certificates:
             certificates.on_reload(webhook.reload_certificate)
         manager.add_runnable(webhook.serve, needs_leader=False)
+        manager.add_readiness_check(
+            lambda: None if webhook.started else "the webhook is not serving yet"
+        )
         log.info(
             "agent starting namespace=%s name=%s identity=%s cluster=%s webhook_port=%d",
             settings.namespace,

@@ -1,140 +1,170 @@
-"""The webhook's HTTPS server: FastAPI on uvicorn, inside the agent's event loop.
+"""The agent's webhook: served from a process of its own (:class:`WebhookProcess`), or, for
+tests, in the caller's event loop (:class:`WebhookServer`).
 
-``/mutate`` answers the API server's AdmissionReviews for pods: an elected pod, on CREATE, is
-admitted with the JSON patch that makes it a proxy pod (see ``mutation``); any other request is
-admitted unchanged. This is on the path of every pod creation in enabled namespaces, so requests
-are parsed raw with orjson (no model per request) and never wait on an API call. A pod that
-cannot be patched is refused in the review (allowed false, code 400, the reason), and a body
-that is not an AdmissionReview at all gets an HTTP 400 that says why: never a 500.
+A pod creation must not wait behind the controllers' work in the agent's event loop: placing a
+thousand pods keeps that loop busy for seconds, and every admission in enabled namespaces would
+queue behind it. The child process (``webhook.child``) imports only the application and the
+mutation, so it stays small; it exits when the agent's end of its stdin closes, reloads its
+certificate when told, and counts its answers in a memory-mapped file this process exports as
+``webhook_requests_total``.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import contextlib
+import json
 import logging
-import ssl
+import mmap
+import os
+import sys
+import time
 from pathlib import Path
-from typing import Any
 
-import orjson
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from prometheus_client.core import CounterMetricFamily
 
 from multicluster import metrics
-from multicluster_scheduler.webhook.mutation import is_elected, mutation_patch
+from multicluster_scheduler.webhook import app
+from multicluster_scheduler.webhook.app import RESULTS, answer_review, review_response
+
+__all__ = [
+    "RESULTS",
+    "AnswerCounts",
+    "WebhookProcess",
+    "WebhookServer",
+    "answer_counts",
+    "answer_review",
+    "review_response",
+]
 
 log = logging.getLogger(__name__)
-
-RESULTS = ("allowed", "patched", "refused", "malformed")
-
-
-def review_response(
-    uid: str, *, allowed: bool = True, patch: bytes | None = None, status: dict | None = None
-) -> dict:
-    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
-    if patch is not None:
-        response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(patch).decode()
-    if status is not None:
-        response["status"] = status
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+WEBHOOK = "proxy-pods"
+STOP_TIMEOUT = 10.0
+RESTART_BACKOFF = (1.0, 30.0)  # first and longest wait before the webhook process restarts
 
 
-def answer_review(body: bytes) -> tuple[str, dict]:
-    """Answer one AdmissionReview: the result (allowed, patched or refused) and the review.
+class AnswerCounts:
+    """Answers by result, in a small anonymous memory file (no path) the webhook process
+    inherits."""
 
-    Raises ValueError when ``body`` is not an AdmissionReview (not JSON, no request.uid).
-    """
-    try:
-        request = orjson.loads(body)["request"]
-        uid = request["uid"]
-    except orjson.JSONDecodeError as e:
-        raise ValueError(f"not JSON: {e}") from None
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{type(e).__name__}: {e}") from None
-    if not isinstance(uid, str):
-        raise ValueError("request.uid is not a string")
-    kind = request.get("kind")
-    if (
-        not isinstance(kind, dict)
-        or kind.get("kind") != "Pod"
-        or request.get("operation") != "CREATE"
-    ):
-        return "allowed", review_response(uid)
-    pod = request.get("object")
-    try:
-        if pod is None:
-            raise ValueError("the request has no object")
-        if not is_elected(pod):
-            return "allowed", review_response(uid)
-        ops = mutation_patch(pod)
-    except ValueError as e:
-        log.warning(
-            "pod refused namespace=%s name=%s reason=%s",
-            request.get("namespace"),
-            request.get("name"),
-            e,
+    def __init__(self) -> None:
+        self.fd = os.memfd_create("mcs-webhook-counts")
+        os.ftruncate(self.fd, 8 * len(RESULTS))
+        self._map = mmap.mmap(self.fd, 8 * len(RESULTS))
+        self.values = memoryview(self._map).cast("Q")
+        self._index = {result: i for i, result in enumerate(RESULTS)}
+
+    def inc(self, result: str) -> None:
+        self.values[self._index[result]] += 1
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "webhook_requests",
+            "Admission requests answered, by webhook and result "
+            "(allowed, patched, refused, malformed).",
+            labels=["webhook", "result"],
         )
-        return "refused", review_response(
-            uid, allowed=False, status={"code": 400, "message": str(e)}
-        )
-    if not ops:
-        return "allowed", review_response(uid)
-    return "patched", review_response(uid, patch=orjson.dumps(ops))
+        for result, value in zip(RESULTS, self.values, strict=True):
+            family.add_metric([WEBHOOK, result], value)
+        yield family
 
 
-def create_app() -> FastAPI:
-    app = FastAPI(title="multicluster-scheduler webhook", docs_url=None, redoc_url=None)
-    counters = {result: metrics.WEBHOOK_REQUESTS.labels("proxy-pods", result) for result in RESULTS}
-
-    @app.post("/mutate")
-    async def mutate(request: Request) -> Response:
-        try:
-            result, review = answer_review(await request.body())
-        except ValueError as e:
-            counters["malformed"].inc()
-            message = f"not an AdmissionReview: {e}"
-            return Response(orjson.dumps({"error": message}), 400, media_type="application/json")
-        counters[result].inc()
-        return Response(orjson.dumps(review), media_type="application/json")
-
-    return app
+_counts: AnswerCounts | None = None
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self):  # the agent's manager owns signals
-        yield
+def answer_counts() -> AnswerCounts:
+    """This process's counts, exported as ``webhook_requests_total`` (created on first use)."""
+    global _counts
+    if _counts is None:
+        _counts = AnswerCounts()
+        metrics.REGISTRY.register(_counts)
+    return _counts
 
 
-class WebhookServer:
+class WebhookServer(app.WebhookServer):
+    """The server in the caller's event loop, counting into this process's metrics."""
+
     def __init__(self, host: str, port: int, cert_file: Path, key_file: Path) -> None:
-        self.config = uvicorn.Config(
-            create_app(),
-            host=host,
-            port=port,
-            ssl_certfile=str(cert_file),
-            ssl_keyfile=str(key_file),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-        )
-        self.server = _Server(self.config)
+        super().__init__(host, port, cert_file, key_file, answer_counts().inc)
 
-    def reload_certificate(self, cert_file: Path, key_file: Path) -> None:
-        """New TLS handshakes use the new certificate; no restart."""
-        context: ssl.SSLContext | None = getattr(self.config, "ssl", None)
-        if context is not None:
-            context.load_cert_chain(str(cert_file), str(key_file))
 
-    async def serve(self) -> None:
-        try:
-            await self.server.serve()
-        finally:
-            self.server.should_exit = True
+class WebhookProcess:
+    """The server in a child process, with the interface of :class:`WebhookServer`.
+
+    ``serve`` starts the child and restarts it if it exits (``/readyz`` says so meanwhile);
+    cancelling ``serve`` stops it.
+    """
+
+    def __init__(self, host: str, port: int, cert_file: Path, key_file: Path) -> None:
+        self.host, self.port = host, port
+        self.cert_file, self.key_file = cert_file, key_file
+        self.counts = answer_counts()
+        self._stdin: asyncio.StreamWriter | None = None
+        self._started = False
+        self.pid: int | None = None  # of the current webhook process
 
     @property
     def started(self) -> bool:
-        return self.server.started
+        return self._started
+
+    def reload_certificate(self, cert_file: Path, key_file: Path) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self._send_reload()
+
+    def _send_reload(self) -> None:
+        if self._stdin is not None and not self._stdin.is_closing():
+            line = json.dumps({"reload": [str(self.cert_file), str(self.key_file)]})
+            self._stdin.write(line.encode() + b"\n")
+
+    async def serve(self) -> None:
+        """Run the webhook process; restart it (with backoff) whenever it exits."""
+        delay = RESTART_BACKOFF[0]
+        while True:
+            started = time.monotonic()
+            code = await self._run_once()
+            if time.monotonic() - started > 60:
+                delay = RESTART_BACKOFF[0]  # it had been up a while: not a crash loop
+            log.error("webhook process exited code=%s restart_in=%.0fs", code, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RESTART_BACKOFF[1])
+
+    async def _run_once(self) -> int:
+        level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+        paths = (self.cert_file, self.key_file)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "multicluster_scheduler.webhook.child",
+            f"--host={self.host}",
+            f"--port={self.port}",
+            f"--cert-file={self.cert_file}",
+            f"--key-file={self.key_file}",
+            f"--counts-fd={self.counts.fd}",
+            f"--log-level={level}",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            pass_fds=(self.counts.fd,),
+        )
+        self.pid = process.pid
+        self._stdin = process.stdin
+        if (self.cert_file, self.key_file) != paths:  # reloaded while it was starting
+            self._send_reload()
+        try:
+            assert process.stdout is not None
+            while line := await process.stdout.readline():
+                if line.strip() == b"started":
+                    self._started = True
+                    log.info("webhook serving pid=%d port=%d", process.pid, self.port)
+            return await process.wait()
+        finally:
+            self._started = False
+            self._stdin = None
+            with contextlib.suppress(OSError):
+                assert process.stdin is not None
+                process.stdin.close()  # the child sees EOF and stops
+            if process.returncode is None:
+                try:
+                    await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
+                except TimeoutError:
+                    process.kill()
+                    await process.wait()

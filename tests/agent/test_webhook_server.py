@@ -142,3 +142,22 @@ async def test_malformed_reviews_are_refused_with_a_reason(webhook, payload):
         assert resp.status == 400
         assert "not an AdmissionReview" in (await resp.json())["error"]
     assert counted("malformed") == before + 1
+
+
+async def test_other_paths_and_methods_are_refused_with_a_reason(webhook):
+    session, url = webhook
+    async with session.get(url) as resp:
+        assert resp.status == 405
+        assert resp.headers["Allow"] == "POST"
+        assert "POST an AdmissionReview" in (await resp.json())["error"]
+    async with session.post(url.replace("/mutate", "/validate"), json={}) as resp:
+        assert resp.status == 404
+        assert "no such path" in (await resp.json())["error"]
+
+
+async def test_a_body_too_large_for_any_pod_is_refused_not_read_to_the_end(webhook):
+    session, url = webhook
+    before = counted("malformed")
+    async with session.post(url, data=b" " * (4 * 1024 * 1024)) as resp:
+        assert resp.status == 413
+    assert counted("malformed") == before + 1

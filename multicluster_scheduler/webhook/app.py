@@ -1,0 +1,185 @@
+"""The webhook's HTTP application and server, with nothing of the agent's runtime: the agent's
+webhook process imports only this (uvicorn, orjson and the mutation), so it stays small.
+
+``/mutate`` answers the API server's AdmissionReviews for pods: an elected pod, on CREATE, is
+admitted with the JSON patch that makes it a proxy pod (see ``mutation``); any other request is
+admitted unchanged. This is on the path of every pod creation in enabled namespaces, so the
+application is a bare ASGI callable (no framework routing per request), bodies are parsed raw
+with orjson (no model per request) and nothing waits on an API call. A pod that cannot be
+patched is refused in the review (allowed false, code 400, the reason), and a body that is not
+an AdmissionReview at all gets an HTTP 400 that says why: never a 500.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvicorn
+
+from multicluster_scheduler.webhook.mutation import is_elected, mutation_patch
+
+log = logging.getLogger("multicluster_scheduler.webhook.server")
+
+RESULTS = ("allowed", "patched", "refused", "malformed")
+MAX_BODY = 3 * 1024 * 1024  # the API server's own limit on an object is about 1.5 MiB
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+def review_response(
+    uid: str, *, allowed: bool = True, patch: bytes | None = None, status: dict | None = None
+) -> dict:
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if patch is not None:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(patch).decode()
+    if status is not None:
+        response["status"] = status
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def answer_review(body: bytes) -> tuple[str, dict]:
+    """Answer one AdmissionReview: the result (allowed, patched or refused) and the review.
+
+    Raises ValueError when ``body`` is not an AdmissionReview (not JSON, no request.uid).
+    """
+    try:
+        request = orjson.loads(body)["request"]
+        uid = request["uid"]
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e}") from None
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    if not isinstance(uid, str):
+        raise ValueError("request.uid is not a string")
+    kind = request.get("kind")
+    if (
+        not isinstance(kind, dict)
+        or kind.get("kind") != "Pod"
+        or request.get("operation") != "CREATE"
+    ):
+        return "allowed", review_response(uid)
+    pod = request.get("object")
+    try:
+        if pod is None:
+            raise ValueError("the request has no object")
+        if not is_elected(pod):
+            return "allowed", review_response(uid)
+        ops = mutation_patch(pod)
+    except ValueError as e:
+        log.warning(
+            "pod refused namespace=%s name=%s reason=%s",
+            request.get("namespace"),
+            request.get("name"),
+            e,
+        )
+        return "refused", review_response(
+            uid, allowed=False, status={"code": 400, "message": str(e)}
+        )
+    if not ops:
+        return "allowed", review_response(uid)
+    return "patched", review_response(uid, patch=orjson.dumps(ops))
+
+
+Count = Callable[[str], None]
+
+
+def create_app(count: Count) -> Callable:
+    """The ASGI application: ``POST /mutate``; ``count(result)`` is called once per answer."""
+
+    async def send_json(send, status: int, body: dict, extra: tuple = ()) -> None:
+        payload = orjson.dumps(body)
+        headers = [*JSON_HEADERS, (b"content-length", str(len(payload)).encode()), *extra]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/mutate":
+            await send_json(send, 404, {"error": f"no such path: {scope['path']}"})
+            return
+        if scope["method"] != "POST":
+            await send_json(
+                send, 405, {"error": "POST an AdmissionReview to /mutate"}, ((b"allow", b"POST"),)
+            )
+            return
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY:
+                count("malformed")
+                await send_json(send, 413, {"error": "not an AdmissionReview: too large"})
+                return
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        try:
+            result, review = answer_review(b"".join(chunks))
+        except ValueError as e:
+            count("malformed")
+            await send_json(send, 400, {"error": f"not an AdmissionReview: {e}"})
+            return
+        count(result)
+        await send_json(send, 200, review)
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    on_started: Callable[[], None] | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # signals belong to the agent (or, in the child, to its pipe)
+        yield
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
+
+
+class WebhookServer:
+    """The server in the caller's event loop; ``serve`` until ``server.should_exit``."""
+
+    def __init__(self, host: str, port: int, cert_file: Path, key_file: Path, count: Count):
+        self.config = uvicorn.Config(
+            create_app(count),
+            host=host,
+            port=port,
+            ssl_certfile=str(cert_file),
+            ssl_keyfile=str(key_file),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            interface="asgi3",
+            timeout_graceful_shutdown=5,
+        )
+        self.server = _Server(self.config)
+
+    def reload_certificate(self, cert_file: Path, key_file: Path) -> None:
+        """New TLS handshakes use the new certificate; no restart."""
+        context: ssl.SSLContext | None = getattr(self.config, "ssl", None)
+        if context is not None:
+            context.load_cert_chain(str(cert_file), str(key_file))
+
+    async def serve(self) -> None:
+        try:
+            await self.server.serve()
+        finally:
+            self.server.should_exit = True
+
+    @property
+    def started(self) -> bool:
+        return self.server.started

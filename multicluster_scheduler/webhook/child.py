@@ -1,0 +1,83 @@
+"""``python -m multicluster_scheduler.webhook.child``: the agent's webhook process.
+
+Started by the agent (``server.WebhookProcess``), never by hand. It serves the webhook on its own
+event loop, so admissions never wait behind the agent's controllers; counts its answers in a
+small memory-mapped file the agent exports as metrics; prints ``started`` once it listens; reads
+``{"reload": [CERT, KEY]}`` lines (JSON) on stdin; and exits when stdin closes (the agent
+stopped or died). Ctrl-C on a terminal is the agent's to handle: the child ignores SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import mmap
+import signal
+import sys
+from pathlib import Path
+
+from multicluster_scheduler.webhook.app import RESULTS, WebhookServer
+
+log = logging.getLogger("multicluster_scheduler.webhook.server")
+
+
+async def serve(args: argparse.Namespace, counts: memoryview) -> None:
+    index = {result: i for i, result in enumerate(RESULTS)}
+
+    def count(result: str) -> None:
+        counts[index[result]] += 1
+
+    server = WebhookServer(args.host, args.port, Path(args.cert_file), Path(args.key_file), count)
+
+    def started() -> None:
+        sys.stdout.write("started\n")
+        sys.stdout.flush()
+
+    server.server.on_started = started
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+
+    async def control() -> None:
+        try:
+            while line := await stdin.readline():
+                try:
+                    cert_file, key_file = json.loads(line)["reload"]
+                    server.reload_certificate(Path(cert_file), Path(key_file))
+                    log.info("webhook certificate reloaded")
+                except Exception:  # a bad file or line must not end the control loop
+                    log.exception("webhook certificate not reloaded")
+        finally:
+            server.server.should_exit = True  # the agent is gone, or stopping
+
+    listening = asyncio.create_task(control())
+    try:
+        await server.serve()
+    finally:
+        listening.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m multicluster_scheduler.webhook.child")
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--cert-file", required=True)
+    parser.add_argument("--key-file", required=True)
+    parser.add_argument(
+        "--counts-fd", type=int, required=True, help="inherited file of the answer counters"
+    )
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    counts = memoryview(mmap.mmap(args.counts_fd, 8 * len(RESULTS))).cast("Q")
+    asyncio.run(serve(args, counts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
