@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import asyncio.sslproto
 import hashlib
 import logging
 import os
@@ -43,6 +42,7 @@ from .targets.controller import targets_controller
 from .targets.registry import TargetRegistry
 from .virtual_kubelet.loop import VirtualKubelet, release_owner
 from .virtual_kubelet.pods import PodSync
+from .webhook.app import smaller_tls_buffers
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
 from .webhook.server import WebhookProcess, WebhookServer
 
@@ -327,14 +327,6 @@ async def run(settings: AgentSettings) -> None:
             settings.webhook_port,
         )
         await manager.run(handle_signals=True)
-
-
-def smaller_tls_buffers() -> None:
-    """asyncio gives every TLS connection a 256 KiB read buffer: an agent holding a watch per
-    informer on each of ten clusters pays tens of MiB for it. 64 KiB reads keep lists fast."""
-    protocol = asyncio.sslproto.SSLProtocol
-    if getattr(protocol, "max_size", 0) > 64 * 1024:
-        protocol.max_size = 64 * 1024
 
 
 def main(args: argparse.Namespace) -> int:

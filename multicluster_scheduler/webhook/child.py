@@ -18,7 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
-from multicluster_scheduler.webhook.app import RESULTS, WebhookServer
+from multicluster_scheduler.webhook.app import RESULTS, WebhookServer, smaller_tls_buffers
 
 log = logging.getLogger("multicluster_scheduler.webhook.server")
 
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    smaller_tls_buffers()
     counts = memoryview(mmap.mmap(args.counts_fd, 8 * len(RESULTS))).cast("Q")
     asyncio.run(serve(args, counts))
     return 0
