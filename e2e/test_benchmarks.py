@@ -44,3 +44,41 @@ def test_informer_benchmark_runs(testbed: TestBed, tmp_path: Path):
         assert result["cached_pods"] == 300
         assert result["events_per_s"] > 0
     assert "| slim projection |" in proc.stdout
+
+
+def test_the_benchmark_suite_runs_end_to_end_at_small_sizes(bin_dir: Path, tmp_path: Path):
+    """``python -m e2e.bench --quick``: every benchmark on its own three clusters, at smoke
+    sizes; the figures in docs/performance.md come from full runs."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "e2e.bench", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert "error" not in results
+    assert results["agent_errors"] == {}, results["agent_errors"]
+    rollout = results["rollout"]
+    assert rollout["native_s"][0] > 0
+    assert rollout["elected_s"][0] > 0
+    elected = rollout["runs"]["elected"][0]
+    assert sum(elected["delegates"].values()) == rollout["replicas"], "one delegate per replica"
+    placement = results["placement"]
+    assert placement["api_ceiling_per_s"] > 0
+    assert placement["placement_per_s"] > 0
+    assert placement["runs"]["elected"]["refused"] == 0
+    webhook = results["webhook"]
+    assert webhook["errors"] == 0
+    assert webhook["sent"] > 0
+    assert webhook["apiserver"]["failures"] == 0
+    assert len(results["targets"]["seconds"]) == 3
+    scale = results["scale"]
+    assert scale["targets"] == 10
+    assert sum(scale["delegates"].values()) == scale["pods"]
+    assert scale["restart"]["seconds"] > 0
+    table = (tmp_path / "results.md").read_text()
+    for figure in ("ratio elected / native", "placement, proxies bound/s", "webhook p50 / p99"):
+        assert figure in table
+    assert (tmp_path / "logs" / "cluster1" / "agent-0.log").exists()
