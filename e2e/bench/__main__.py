@@ -51,6 +51,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.webhook_seconds = args.webhook_seconds or (3 if quick else 30)
     args.scale_pods = args.scale_pods or (100 if quick else 10_000)
     args.only = [b.strip() for b in args.only.split(",") if b.strip()]
+    py_spy = Path(sys.executable).with_name("py-spy")
+    if args.profile and not py_spy.exists():
+        parser.error(f"--profile needs py-spy next to {sys.executable}: pip install py-spy")
     unknown = set(args.only) - set(BENCHMARKS)
     if unknown:
         parser.error(f"unknown benchmarks {sorted(unknown)}: choose from {', '.join(BENCHMARKS)}")
