@@ -177,6 +177,10 @@ async def test_a_silent_watch_is_reopened(testbed: TestBed, connect, namespace: 
         informer.add_handler(recorder)
         cluster.start()
         assert await informer.wait_synced(10)
+        # The watch is open (it has its own connection, opened after the list's) before the
+        # connections go quiet.
+        await writer.create(CONFIGMAPS, configmap("before-silence", namespace))
+        await recorder.wait(ADDED, "before-silence", timeout=15)
         idle = metrics.WATCH_RESTARTS.labels("cluster1", "configmaps", "unreachable")
         idle_before = idle._value.get()
         assert proxy.stall_existing() >= 1
