@@ -277,13 +277,6 @@ def cpu_used(before: dict[str, float], after: dict[str, float], per: int) -> dic
     }
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(min(rank, len(ordered))) - 1]
-
-
 def sustained_rate(times: list[float], low: float = 0.1, high: float = 0.9) -> float:
     """Events per second between the ``low`` and ``high`` fractions of them (start-up and tail
     excluded)."""

@@ -26,10 +26,10 @@ from .bed import (
     cpu_snapshot,
     cpu_used,
     deployment,
-    percentile,
     pod,
     sustained_rate,
 )
+from .webhook import percentile
 
 CONCURRENCY = 32
 

@@ -20,10 +20,10 @@ from .bed import (
     PodTimes,
     children,
     deployment,
-    percentile,
     process_stats,
     sustained_rate,
 )
+from .webhook import percentile
 
 LAYOUT = {
     "scale-a": ("cluster1", "cluster2", "cluster3"),

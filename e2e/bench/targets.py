@@ -11,7 +11,8 @@ from multicluster import Informer, NotFound, Resource
 from multicluster.resources import NODES
 from multicluster_scheduler.api.naming import virtual_node_name
 
-from .bed import SOURCE, BenchBed, percentile
+from .bed import SOURCE, BenchBed
+from .webhook import percentile
 
 TARGETS = Resource("multicluster.admiralty.io", "v1alpha1", "targets", "Target")
 CLUSTER_TARGETS = Resource(
