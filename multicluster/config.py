@@ -23,6 +23,66 @@ from kubernetes.config.config_exception import ConfigException
 
 TOKEN_REFRESH_INTERVAL = 30.0
 
+# What a kubeconfig kept in a Secret may hold: inline values only. Exec plugins, auth providers
+# and file paths (tokenFile, client-certificate, certificate-authority…) would let anyone who may
+# write a Secret run a command as the agent or send the agent's own files (its token) anywhere.
+INLINE_USER_FIELDS = frozenset(
+    {"token", "client-certificate-data", "client-key-data", "username", "password", "extensions"}
+)
+INLINE_CLUSTER_FIELDS = frozenset(
+    {
+        "server",
+        "certificate-authority-data",
+        "insecure-skip-tls-verify",
+        "tls-server-name",
+        "disable-compression",
+        "extensions",
+    }
+)
+
+
+def _parse(data: str | bytes) -> dict:
+    """Kubeconfig text as a mapping. Errors never quote the text (it holds credentials)."""
+    try:
+        text = data.decode() if isinstance(data, bytes) else data
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"kubeconfig is not UTF-8 text: {e.reason} at byte {e.start}") from None
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError(f"kubeconfig is not valid YAML: {problem}{where}") from None
+    except (ValueError, RecursionError) as e:  # e.g. a date that is not one, deep nesting
+        raise ConfigError(f"kubeconfig is not valid YAML: {type(e).__name__}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError("kubeconfig is not a mapping")
+    return parsed
+
+
+def untrusted_problem(parsed: dict) -> str | None:
+    """Why a kubeconfig from an untrusted place may not be used, or None. Names fields, never
+    values."""
+    for kind, allowed in (("users", INLINE_USER_FIELDS), ("clusters", INLINE_CLUSTER_FIELDS)):
+        entries = parsed.get(kind) or []
+        if not isinstance(entries, list):
+            return f"{kind} is not a list"
+        for entry in entries:
+            if not isinstance(entry, dict):
+                return f"an entry of {kind} is not a mapping"
+            body = entry.get(kind[:-1]) or {}
+            if not isinstance(body, dict):
+                return f"{kind[:-1]} {entry.get('name')!r} is not a mapping"
+            refused = sorted(k for k in body if k not in allowed)
+            if refused:
+                return (
+                    f"{kind[:-1]} {entry.get('name')!r} uses {', '.join(refused)}: a kubeconfig "
+                    f"kept in a Secret may only hold inline values ({', '.join(sorted(allowed))})"
+                    "; the agent runs no command and reads no file for it"
+                )
+    return None
+
 
 class ConfigError(ValueError):
     """A kubeconfig or in-cluster environment that cannot be used; the message says why."""
@@ -55,13 +115,13 @@ class ClusterConfig:
 
     @classmethod
     def from_kubeconfig_data(cls, data: str | bytes, context: str | None = None) -> ClusterConfig:
-        """From kubeconfig text, e.g. the value of a Secret key."""
-        try:
-            parsed = yaml.safe_load(data)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"kubeconfig is not valid YAML: {e}") from e
-        if not isinstance(parsed, dict):
-            raise ConfigError("kubeconfig is not a mapping")
+        """From kubeconfig text given by the operator (trusted: exec plugins and files are
+        allowed; see :meth:`from_secret` for kubeconfigs from Secrets)."""
+        parsed = _parse(data)
+        return cls._from_dict(parsed, context)
+
+    @classmethod
+    def _from_dict(cls, parsed: dict, context: str | None) -> ClusterConfig:
         configuration = k8s_client.Configuration()
         try:
             k8s_config.load_kube_config_from_dict(
@@ -78,7 +138,10 @@ class ClusterConfig:
     def from_secret(
         cls, secret: dict, key: str = "config", context: str | None = None
     ) -> ClusterConfig:
-        """From a kubeconfig stored in a Secret (as read from the API: base64 ``data``)."""
+        """From a kubeconfig stored in a Secret (as read from the API: base64 ``data``).
+
+        Whoever may write a Secret is not trusted with what the agent may do: such a kubeconfig
+        may only carry inline credentials (see :func:`untrusted_problem`)."""
         meta = secret.get("metadata") or {}
         where = f"secret {meta.get('namespace', '')}/{meta.get('name', '')}"
         encoded = (secret.get("data") or {}).get(key)
@@ -89,7 +152,11 @@ class ClusterConfig:
         except (binascii.Error, ValueError) as e:
             raise ConfigError(f"{where} key {key!r} is not base64: {e}") from e
         try:
-            return cls.from_kubeconfig_data(data, context)
+            parsed = _parse(data)
+            problem = untrusted_problem(parsed)
+            if problem:
+                raise ConfigError(problem)
+            return cls._from_dict(parsed, context)
         except ConfigError as e:
             raise ConfigError(f"{where} key {key!r}: {e}") from e
 

@@ -59,3 +59,78 @@ def test_data_that_is_not_base64_is_refused():
     bad = {"metadata": {"name": "kc", "namespace": "ns"}, "data": {"config": "%%%"}}
     with pytest.raises(ConfigError, match="not base64"):
         ClusterConfig.from_secret(bad)
+
+
+def with_user(user: dict, cluster: dict | None = None) -> dict:
+    config = json.loads(json.dumps(KUBECONFIG))
+    config["users"][0]["user"] = user
+    if cluster is not None:
+        config["clusters"][0]["cluster"] = cluster
+    return secret({"config": json.dumps(config).encode()})
+
+
+@pytest.mark.parametrize(
+    ("user", "cluster", "field"),
+    [
+        (
+            {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "touch"}},
+            None,
+            "exec",
+        ),
+        ({"auth-provider": {"name": "oidc"}}, None, "auth-provider"),
+        ({"tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"}, None, "tokenFile"),
+        (
+            {"client-certificate": "/etc/a.crt", "client-key": "/etc/a.key"},
+            None,
+            "client-certificate",
+        ),
+        (
+            {"token": "t"},
+            {"server": "https://x", "certificate-authority": "/etc/ca"},
+            "certificate-authority",
+        ),
+    ],
+)
+def test_a_kubeconfig_in_a_secret_runs_nothing_and_reads_no_file(tmp_path, user, cluster, field):
+    if "exec" in user:
+        user["exec"]["args"] = [str(tmp_path / "ran")]
+    with pytest.raises(ConfigError, match=f"uses .*{field}.*may only hold inline values"):
+        ClusterConfig.from_secret(with_user(user, cluster))
+    assert not (tmp_path / "ran").exists()
+
+
+def test_inline_credentials_in_a_secret_are_fine():
+    config = ClusterConfig.from_secret(
+        with_user(
+            {"token": "t"}, {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}
+        )
+    )
+    assert config.authorization() == "Bearer t"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"apiVersion: v1\nusers:\n- user:\n    token: pw-d41d8cd9\n  name: [unclosed",
+        b"a: b: pw-d41d8cd9",
+        b"\tpw-d41d8cd9",
+    ],
+)
+def test_yaml_errors_never_quote_the_kubeconfig(text):
+    with pytest.raises(ConfigError) as refused:
+        ClusterConfig.from_secret(secret({"config": text}))
+    assert "not valid YAML" in str(refused.value)
+    assert "pw-d41d8cd9" not in str(refused.value)
+    assert "line" in str(refused.value)
+
+
+def test_a_kubeconfig_that_is_not_text_is_refused_without_quoting_it():
+    with pytest.raises(ConfigError, match="not UTF-8") as refused:
+        ClusterConfig.from_secret(secret({"config": b"token: \xff\xfepw-d41d8cd9"}))
+    assert "pw-d41d8cd9" not in str(refused.value)
+
+
+@pytest.mark.parametrize("text", [b"current-context: 2024-13-01", b"[" * 5000 + b"]" * 5000])
+def test_yaml_that_the_parser_chokes_on_is_refused(text):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        ClusterConfig.from_secret(secret({"config": text}))
