@@ -4,11 +4,16 @@ Virtual nodes are named after their target: Target ``c1`` in ``default`` becomes
 ``admiralty-namespace-default-c1``, ClusterTarget ``c1`` becomes ``admiralty-cluster-c1``. When
 joining with ``-`` could make two different inputs collide (a variable part holding a ``-``,
 with several variable parts) or the result is too long, a hash of all parts disambiguates.
+
+Delegates carry their user labels under our prefix (:func:`prefixed_label_key`), so that
+controllers in the target never mistake them for their own pods.
 """
 
 from __future__ import annotations
 
 import hashlib
+
+from . import keys
 
 MAX_LENGTH = 63
 HASH_LENGTH = 10
@@ -30,3 +35,8 @@ def virtual_node_name(target_name: str, target_namespace: str | None = None) -> 
     if target_namespace:
         return unique_name([target_namespace, target_name], ("admiralty", "namespace"))
     return unique_name([target_name], ("admiralty", "cluster"))
+
+
+def prefixed_label_key(key: str) -> str:
+    """``k`` → ``multicluster.admiralty.io/<part of k after the last '/'>``."""
+    return keys.PREFIX + key.rsplit("/", 1)[-1]

@@ -19,6 +19,7 @@ from multicluster import share_strings
 
 from . import keys
 from .follow import reference_keys
+from .naming import prefixed_label_key
 
 PROXY_FIELD_SELECTOR = f"spec.schedulerName={keys.PROXY_SCHEDULER_NAME}"
 DELEGATE_LABEL_SELECTOR = keys.PARENT_UID
@@ -68,8 +69,15 @@ def source_manifest(proxy: dict) -> dict:
         "containers"
     ):
         raise InvalidManifest(f"{keys.SOURCEPOD_MANIFEST} holds a pod without containers")
-    if not isinstance(manifest.get("metadata", {}), dict):
+    metadata = manifest.get("metadata", {})
+    if not isinstance(metadata, dict):
         raise InvalidManifest(f"{keys.SOURCEPOD_MANIFEST} holds a pod whose metadata is no map")
+    for field in ("labels", "annotations"):
+        entries = metadata.get(field) or {}
+        if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
+            raise InvalidManifest(
+                f"{keys.SOURCEPOD_MANIFEST} holds a pod whose {field} are not a map of strings"
+            )
     return manifest
 
 
@@ -82,7 +90,7 @@ def delegate_name(proxy_name: str, proxy_uid: str) -> str:
 
 
 def prefixed_key(key: str) -> str:
-    return keys.PREFIX + key.rsplit("/", 1)[-1]
+    return prefixed_label_key(key)
 
 
 def prefixed_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -93,24 +101,32 @@ def prefixed_labels(labels: dict[str, str]) -> dict[str, str]:
 
 
 def _without_service_account_token(spec: dict) -> None:
+    """Drop the token's mounts and volumes. Whatever is malformed (a manifest is user input) is
+    left as it is, for the target's API server to refuse with its own precise message."""
     removed: set[str] = set()
     for field in ("initContainers", "containers", "ephemeralContainers"):
-        for container in spec.get(field) or ():
-            mounts = container.get("volumeMounts")
-            if not mounts:
+        containers = spec.get(field)
+        for container in containers if isinstance(containers, list) else ():
+            mounts = container.get("volumeMounts") if isinstance(container, dict) else None
+            if not mounts or not isinstance(mounts, list):
                 continue
             kept = []
             for mount in mounts:
-                if mount.get("mountPath", "").rstrip("/") == SERVICE_ACCOUNT_MOUNT:
-                    removed.add(mount.get("name"))
+                path = mount.get("mountPath") if isinstance(mount, dict) else None
+                if isinstance(path, str) and path.rstrip("/") == SERVICE_ACCOUNT_MOUNT:
+                    if isinstance(name := mount.get("name"), str):
+                        removed.add(name)
                 else:
                     kept.append(mount)
             if kept:
                 container["volumeMounts"] = kept
             else:
                 container.pop("volumeMounts", None)
-    if removed and spec.get("volumes"):
-        spec["volumes"] = [v for v in spec["volumes"] if v.get("name") not in removed]
+    volumes = spec.get("volumes")
+    if removed and volumes and isinstance(volumes, list):
+        spec["volumes"] = [
+            v for v in volumes if not (isinstance(v, dict) and v.get("name") in removed)
+        ]
         if not spec["volumes"]:
             del spec["volumes"]
 

@@ -369,6 +369,8 @@ def _parsed(summary: dict) -> _Summary | None:
     """The summary parsed, None when it is malformed. Cached by identity and resourceVersion:
     summaries are treated as immutable (as informers' objects are); the cache holds a reference
     to each summary it keeps, so an id is never reused while cached."""
+    if not isinstance(summary, dict):
+        return None
     key = id(summary)
     metadata = summary.get("metadata")
     version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
@@ -400,13 +402,20 @@ def _parse_summary(summary: dict) -> _Summary | None:
                 group_free.setdefault(r, -amount)
             add(free, group_free)
             taints = tuple(
-                (t["key"], t.get("value") or "", t["effect"])
+                (
+                    _string(t["key"], "taint key"),
+                    _string(t.get("value") or "", "taint"),
+                    t["effect"],
+                )
                 for t in group.get("taints") or ()
                 if t.get("effect") in HARD_EFFECTS
             )
+            labels = _mapping(group.get("labels"), "labels")
+            for key, value in labels.items():
+                _string(value, f"label {key}")
             groups.append(
                 _Group(
-                    labels=dict(group.get("labels") or {}),
+                    labels=dict(labels),
                     taints=taints,
                     largest_free={
                         r: _nano(amount)

@@ -52,6 +52,7 @@ from ..api.resources import CLUSTER_SOURCES, SOURCES
 from .desired import (
     Action,
     Binding,
+    InvalidSubject,
     NoSubject,
     binding_action,
     binding_names,
@@ -224,6 +225,9 @@ class SourcesReconciler:
             except NoSubject as e:
                 await self._delete_stale(source, [])
                 raise Problem("NoSubject", str(e)) from e
+            except InvalidSubject as e:
+                await self._delete_stale(source, [])
+                raise Problem("Invalid", str(e)) from e
             await self._ensure_service_account(source)
             for binding in wanted:
                 if await self._ensure_binding(source, binding) is Action.BOUND_BY_OTHERS:

@@ -9,6 +9,7 @@ share one service account we made.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -21,10 +22,19 @@ from ..api.naming import unique_name
 from ..api.resources import CLUSTER_SOURCES, SOURCES
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
+# Kubernetes' rules for service account names (RFC 1123 subdomains) and namespaces (labels).
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+DNS_LABEL = re.compile(_DNS_LABEL)
 
 
 class NoSubject(ValueError):
     """The source names neither a service account nor a user: there is nobody to bind."""
+
+
+class InvalidSubject(ValueError):
+    """The service account a source names cannot exist (its name or namespace is invalid):
+    never put in an API path, where ``..`` or ``/`` would address something else."""
 
 
 @dataclass(frozen=True)
@@ -138,10 +148,12 @@ def service_account_key(source: dict) -> list[str]:
 
 
 def subjects(source: dict) -> list[dict]:
-    """The service account and/or the user; raises :class:`NoSubject` when neither is given."""
+    """The service account and/or the user; raises :class:`NoSubject` when neither is given,
+    :class:`InvalidSubject` when the service account cannot exist."""
     found = []
     account = service_account_of(source)
     if account:
+        _check_service_account(source, *account)
         found.append({"kind": "ServiceAccount", "name": account[1], "namespace": account[0]})
     user = (source.get("spec") or {}).get("userName")
     if user:
@@ -150,6 +162,23 @@ def subjects(source: dict) -> list[dict]:
         field = "serviceAccountName" if resource_of(source) is SOURCES else "serviceAccount"
         raise NoSubject(f"set spec.{field} or spec.userName: there is nobody to bind")
     return found
+
+
+def _check_service_account(source: dict, namespace: str, name: str) -> None:
+    namespaced = resource_of(source) is SOURCES
+    field = "spec.serviceAccountName" if namespaced else "spec.serviceAccount.name"
+    if not isinstance(name, str) or len(name) > 253 or not DNS_SUBDOMAIN.fullmatch(name):
+        raise InvalidSubject(
+            f"{field} {name!r} is not a valid service account name (a lowercase RFC 1123 "
+            "subdomain of at most 253 characters: a-z, 0-9, '-' and '.')"
+        )
+    if namespaced:
+        return  # the Source's own namespace
+    if not isinstance(namespace, str) or len(namespace) > 63 or not DNS_LABEL.fullmatch(namespace):
+        raise InvalidSubject(
+            f"spec.serviceAccount.namespace {namespace!r} is not a valid namespace name (a "
+            "lowercase RFC 1123 label of at most 63 characters: a-z, 0-9 and '-')"
+        )
 
 
 def binding_names(source: dict) -> tuple[str, str]:

@@ -7,7 +7,9 @@ admitted unchanged. This is on the path of every pod creation in enabled namespa
 application is a bare ASGI callable (no framework routing per request), bodies are parsed raw
 with orjson (no model per request) and nothing waits on an API call. A pod that cannot be
 patched is refused in the review (allowed false, code 400, the reason), and a body that is not
-an AdmissionReview at all gets an HTTP 400 that says why: never a 500.
+an admission.k8s.io/v1 AdmissionReview at all gets an HTTP 400 that says why (whatever its
+content type: the body decides): never a 500. Warnings in the review tell whoever creates an
+elected pod what its delegate will lose (labels that become the same prefixed label).
 """
 
 from __future__ import annotations
@@ -24,17 +26,23 @@ from typing import Any
 import orjson
 import uvicorn
 
-from multicluster_scheduler.webhook.mutation import is_elected, mutation_patch
+from multicluster_scheduler.webhook.mutation import is_elected, label_warnings, mutation_patch
 
 log = logging.getLogger("multicluster_scheduler.webhook.server")
 
 RESULTS = ("allowed", "patched", "refused", "malformed")
 MAX_BODY = 3 * 1024 * 1024  # the API server's own limit on an object is about 1.5 MiB
 JSON_HEADERS = [(b"content-type", b"application/json")]
+API_VERSION, KIND = "admission.k8s.io/v1", "AdmissionReview"
 
 
 def review_response(
-    uid: str, *, allowed: bool = True, patch: bytes | None = None, status: dict | None = None
+    uid: str,
+    *,
+    allowed: bool = True,
+    patch: bytes | None = None,
+    status: dict | None = None,
+    warnings: list[str] | None = None,
 ) -> dict:
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if patch is not None:
@@ -42,16 +50,21 @@ def review_response(
         response["patch"] = base64.b64encode(patch).decode()
     if status is not None:
         response["status"] = status
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    if warnings:
+        response["warnings"] = warnings
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
 
 
 def answer_review(body: bytes) -> tuple[str, dict]:
     """Answer one AdmissionReview: the result (allowed, patched or refused) and the review.
 
-    Raises ValueError when ``body`` is not an AdmissionReview (not JSON, no request.uid).
+    Raises ValueError when ``body`` is not an AdmissionReview (not JSON, no request.uid, an
+    apiVersion or kind other than ``admission.k8s.io/v1`` ``AdmissionReview``: the only version
+    the webhook configuration asks for, and the one the response is written in).
     """
     try:
-        request = orjson.loads(body)["request"]
+        review = orjson.loads(body)
+        request = review["request"]
         uid = request["uid"]
     except orjson.JSONDecodeError as e:
         raise ValueError(f"not JSON: {e}") from None
@@ -59,6 +72,9 @@ def answer_review(body: bytes) -> tuple[str, dict]:
         raise ValueError(f"{type(e).__name__}: {e}") from None
     if not isinstance(uid, str):
         raise ValueError("request.uid is not a string")
+    for field, wanted in (("apiVersion", API_VERSION), ("kind", KIND)):
+        if review.get(field, wanted) != wanted:
+            raise ValueError(f"{field} is {review[field]!r}, not {wanted!r}")
     kind = request.get("kind")
     if (
         not isinstance(kind, dict)
@@ -83,9 +99,10 @@ def answer_review(body: bytes) -> tuple[str, dict]:
         return "refused", review_response(
             uid, allowed=False, status={"code": 400, "message": str(e)}
         )
+    warnings = label_warnings(pod)
     if not ops:
-        return "allowed", review_response(uid)
-    return "patched", review_response(uid, patch=orjson.dumps(ops))
+        return "allowed", review_response(uid, warnings=warnings)
+    return "patched", review_response(uid, patch=orjson.dumps(ops), warnings=warnings)
 
 
 Count = Callable[[str], None]

@@ -7,7 +7,10 @@ quickly. It is kept apart from the server so that every step, and idempotence (t
 may call a webhook again), is tested without a cluster or a socket.
 
 The result is a list of RFC 6902 operations, emitted only for fields that differ from the proxy
-form: mutating an already mutated pod yields an empty list.
+form: mutating an already mutated pod yields an empty list. A pod that cannot become a working
+proxy is refused with the reason (ValueError): one bound to a node already, or one too large for
+its manifest to fit in its annotations. What the delegate will lose is said in warnings: user
+labels that become the same prefixed label.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, Final
 import orjson
 
 from multicluster_scheduler.api import keys
+from multicluster_scheduler.api.naming import prefixed_label_key
 
 # Kubernetes' own taints, set by the node lifecycle controller.
 NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
@@ -34,6 +38,8 @@ PROXY_TOLERATIONS: Final[tuple[dict[str, str], ...]] = (
 PROXY_NODE_SELECTOR: Final[dict[str, str]] = {keys.PROVIDER_KEY: keys.PROVIDER}
 HAS_FINALIZER_VALUE = "true"
 REMOVED_SPEC_FIELDS = ("affinity", "topologySpreadConstraints")
+# Kubernetes' limit on the total size of an object's annotations (keys and values, in bytes).
+ANNOTATIONS_LIMIT = 256 * 1024
 
 
 def is_elected(pod: dict) -> bool:
@@ -49,16 +55,49 @@ def mutation_patch(pod: dict) -> list[dict]:
     """The JSON patch that turns ``pod`` into a proxy pod; empty when it already is one.
 
     Raises ValueError when ``pod`` cannot be patched (not an object, metadata or spec not
-    objects, annotations or labels not maps of strings, finalizers not a list of strings).
+    objects, annotations or labels not maps of strings, finalizers not a list of strings) or
+    cannot work as a proxy pod (``spec.nodeName`` set, annotations over the limit once the
+    manifest is saved).
     """
     pod = _pod(pod)
     return _metadata_patch(pod) + _spec_patch(pod)
 
 
+def label_warnings(pod: dict) -> list[str]:
+    """Warnings for the user: labels that become the same label of the delegate (each user
+    label ``k=v`` is copied as ``multicluster.admiralty.io/<last segment of k>=v``; the key
+    that sorts last wins) or that our own label replaces. Given once, when the pod is saved as
+    the manifest the delegate is built from: none for a pod that has its manifest already (a
+    reinvocation). Malformed labels give none."""
+    metadata = pod.get("metadata") if isinstance(pod, dict) else None
+    if not isinstance(metadata, dict):
+        return []
+    labels, annotations = metadata.get("labels"), metadata.get("annotations")
+    if not isinstance(labels, dict) or (
+        isinstance(annotations, dict) and keys.SOURCEPOD_MANIFEST in annotations
+    ):
+        return []
+    groups: dict[str, list[str]] = {}
+    for key in sorted(labels):
+        groups.setdefault(prefixed_label_key(key), []).append(key)
+    warnings = []
+    for prefixed, found in groups.items():
+        if prefixed == keys.PARENT_UID:
+            warnings.append(
+                f"label {', '.join(found)} becomes {prefixed} on the delegate, where "
+                "multicluster-scheduler sets its own value"
+            )
+        elif len(found) > 1:
+            warnings.append(
+                f"labels {', '.join(found)} all become {prefixed} on the delegate: {found[-1]} wins"
+            )
+    return warnings
+
+
 def _metadata_patch(pod: dict) -> list[dict]:
     if pod.get("metadata") is None:
         metadata = {
-            "annotations": {keys.SOURCEPOD_MANIFEST: _manifest(pod)},
+            "annotations": {keys.SOURCEPOD_MANIFEST: _manifest(pod, {})},
             "labels": {keys.HAS_FINALIZER: HAS_FINALIZER_VALUE},
             "finalizers": [keys.FINALIZER],
         }
@@ -70,7 +109,8 @@ def _metadata_patch(pod: dict) -> list[dict]:
 
     ops = []
     if keys.SOURCEPOD_MANIFEST not in annotations:
-        ops.append(_set_entry(metadata, "annotations", keys.SOURCEPOD_MANIFEST, _manifest(pod)))
+        manifest = _manifest(pod, annotations)
+        ops.append(_set_entry(metadata, "annotations", keys.SOURCEPOD_MANIFEST, manifest))
     if labels.get(keys.HAS_FINALIZER) != HAS_FINALIZER_VALUE:
         ops.append(_set_entry(metadata, "labels", keys.HAS_FINALIZER, HAS_FINALIZER_VALUE))
     if keys.FINALIZER not in finalizers:
@@ -91,6 +131,12 @@ def _set_entry(metadata: dict, field: str, key: str, value: str) -> dict:
 
 def _spec_patch(pod: dict) -> list[dict]:
     spec = _object(pod.get("spec"), "spec")
+    if spec.get("nodeName") not in (None, ""):
+        raise ValueError(
+            f"spec.nodeName is set ({spec['nodeName']!r}): an elected pod is placed in a target "
+            "cluster by multicluster-scheduler, so it cannot be bound to a node here; remove "
+            f"spec.nodeName or the {keys.ELECT} annotation"
+        )
     wanted: dict[str, Any] = {}
     tolerations = [dict(toleration) for toleration in PROXY_TOLERATIONS]
     if spec.get("tolerations") != tolerations:
@@ -110,11 +156,23 @@ def _spec_patch(pod: dict) -> list[dict]:
     return ops
 
 
-def _manifest(pod: dict) -> str:
+def _manifest(pod: dict, annotations: dict[str, str]) -> str:
+    """The pod as JSON, to be saved next to ``annotations``; ValueError when the sum would be
+    over Kubernetes' limit (the API server's own refusal would blame the user's annotations)."""
     try:
-        return orjson.dumps(pod).decode()
+        manifest = orjson.dumps(pod)
     except orjson.JSONEncodeError as e:
         raise ValueError(f"pod cannot be saved as JSON: {e}") from None
+    own = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+    saved = len(keys.SOURCEPOD_MANIFEST) + len(manifest)
+    if own + saved > ANNOTATIONS_LIMIT:
+        raise ValueError(
+            f"the pod is too large to be saved in its {keys.SOURCEPOD_MANIFEST} annotation: "
+            f"its annotations would total {own + saved} bytes ({own} of its own, {saved} for "
+            f"the saved pod), over the {ANNOTATIONS_LIMIT} bytes Kubernetes allows; make the "
+            "pod smaller, its annotations first (they count twice)"
+        )
+    return manifest.decode()
 
 
 def _op(op: str, path: str, value: Any) -> dict:
