@@ -29,8 +29,10 @@ from multicluster import (
     Controller,
     LeaderElectionConfig,
     Manager,
+    Unreachable,
 )
 from multicluster.config import ConfigError
+from multicluster.errors import ServerError, TooManyRequests
 from multicluster.resources import NAMESPACES
 
 from .follow.controller import Follow
@@ -47,6 +49,7 @@ from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service
 from .webhook.server import WebhookProcess, WebhookServer
 
 log = logging.getLogger("multicluster_scheduler.agent")
+IDENTITY_PATIENCE = 20.0
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?$")
 
@@ -213,15 +216,30 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
     return AgentSettings(**values)
 
 
-async def cluster_identity(client: Client) -> str:
+async def cluster_identity(
+    client: Client, patience: float = IDENTITY_PATIENCE, retry: float = 1.0
+) -> str:
     """A name for this cluster that no other cluster has: the uid of its kube-system namespace
-    (or, without permission to read it, a hash of the API server's address)."""
-    try:
-        namespace = await client.get(NAMESPACES, "kube-system")
-        return namespace["metadata"]["uid"]
-    except ApiError as e:
-        log.warning("cannot read namespace kube-system, naming this cluster by address: %s", e)
-        return hashlib.sha256(client.config.server.encode()).hexdigest()[:16]
+    (or, without permission to read it, a hash of the API server's address).
+
+    The name must be the same at every start, since delegates carry it: an API server that is
+    down or starting (unreachable, 5xx, 429, or 403 while its authorizer warms up) is waited
+    for, and only a refusal that lasts ``patience`` seconds falls back to the address."""
+    deadline = asyncio.get_running_loop().time() + patience
+    while True:
+        try:
+            namespace = await client.get(NAMESPACES, "kube-system")
+            return namespace["metadata"]["uid"]
+        except (Unreachable, ServerError, TooManyRequests) as e:
+            log.warning("cannot read namespace kube-system yet, retrying: %s", e)
+        except ApiError as e:
+            if asyncio.get_running_loop().time() >= deadline:
+                log.warning(
+                    "cannot read namespace kube-system, naming this cluster by address: %s", e
+                )
+                return hashlib.sha256(client.config.server.encode()).hexdigest()[:16]
+            log.warning("cannot read namespace kube-system yet, retrying: %s", e)
+        await asyncio.sleep(retry)
 
 
 async def run(settings: AgentSettings) -> None:
@@ -276,7 +294,7 @@ async def run(settings: AgentSettings) -> None:
         cluster, registry, cluster_name=cluster_name, excluded_namespaces=(settings.namespace,)
     )
     manager.add_controller(services.controller)
-    VirtualKubelet(
+    virtual_kubelet = VirtualKubelet(
         cluster.client,
         registry,
         address=settings.node_address,
@@ -284,6 +302,7 @@ async def run(settings: AgentSettings) -> None:
         owner=await release_owner(cluster.client, settings.name),
         pods=pods,
     )
+    manager.add_runnable(virtual_kubelet.sweep, needs_leader=True)
     with tempfile.TemporaryDirectory(prefix="webhook-") as scratch:
         if settings.self_managed_certificates:
             certificates = CertificateManager(

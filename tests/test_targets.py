@@ -1,4 +1,5 @@
-"""Pure pieces of the targets controller: secret references, slim secrets, conditions."""
+"""Pure pieces of the targets controller: secret references, slim secrets, conditions, the
+failover clock."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from multicluster_scheduler.targets.controller import (
     secret_reference,
     slim_secret,
 )
+from multicluster_scheduler.targets.registry import TargetConnection
 
 
 def test_secret_reference_of_targets_and_cluster_targets():
@@ -54,3 +56,33 @@ def test_errors_map_to_reasons():
     assert classify(Unreachable("x"))[0] == "Unreachable"
     # A target without our CRDs answers 404 for ClusterSummaries: not installed, not unreachable.
     assert classify(NotFound("x"))[0] == "SummaryMissing"
+
+
+def test_failover_is_due_once_the_target_has_been_away_long_enough():
+    connection = TargetConnection(kind="Target", name="c2", namespace="default")
+    assert connection.failover_in() is None, "no failover setting: proxies wait"
+    connection.failover_after = 60.0
+    start = connection.not_ready_since
+    assert start is not None, "not Ready until it connects"
+    assert connection.failover_in(now=start + 10) == 50.0
+    assert connection.set_ready(True, "Ready", "the target's ClusterSummary is current")
+    assert connection.not_ready_since is None
+    assert connection.failover_in() is None, "Ready: nothing is due"
+    assert not connection.set_ready(True, "Ready", "the target's ClusterSummary is current")
+    assert connection.set_ready(False, "Unreachable", "connection refused")
+    away = connection.not_ready_since
+    assert away is not None
+    assert away >= start
+    connection.set_ready(False, "Unauthorized", "token expired")
+    assert connection.not_ready_since == away, "away since it first went, whatever the reason"
+    assert connection.failover_in(now=away + 59) == 1.0
+    assert connection.failover_in(now=away + 61) == 0.0
+
+
+def test_virtual_node_labels_stay_valid_label_values_for_long_target_names():
+    name = "t" * 64
+    labels = TargetConnection(kind="Target", name=name, namespace="default").labels
+    assert len(labels["multicluster.admiralty.io/target-name"]) <= 63
+    assert labels["multicluster.admiralty.io/target-name"] != "t" * 63
+    short = TargetConnection(kind="ClusterTarget", name="c1", namespace=None).labels
+    assert short == {"multicluster.admiralty.io/cluster-target-name": "c1"}

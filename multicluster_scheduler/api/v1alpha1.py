@@ -177,6 +177,20 @@ SELF_XOR_SECRET = {
 }
 
 
+FailoverAfterSeconds = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        description=(
+            "Release the proxy pods bound to this target once it has been unreachable (not "
+            "Ready) for this many seconds, so that their owners replace them elsewhere; their "
+            "delegates there are deleted when it comes back. Unset (the default): proxy pods "
+            "wait for the target, so that a partition never runs a workload twice."
+        ),
+    ),
+]
+
+
 class KubeconfigSecretReference(Model):
     """A Secret in the Target's namespace holding a kubeconfig of the target cluster."""
 
@@ -202,6 +216,7 @@ class TargetSpec(Model):
     kubeconfigSecret: KubeconfigSecretReference | None = Field(
         None, description="Kubeconfig Secret, in the Target's namespace, to reach the target."
     )
+    failoverAfterSeconds: FailoverAfterSeconds = None
 
 
 class Target(Resource):
@@ -215,6 +230,12 @@ class Target(Resource):
     printer_columns = [
         {"name": "Self", "type": "boolean", "jsonPath": ".spec.self"},
         {"name": "Secret", "type": "string", "jsonPath": ".spec.kubeconfigSecret.name"},
+        {
+            "name": "Failover",
+            "type": "integer",
+            "jsonPath": ".spec.failoverAfterSeconds",
+            "priority": 1,
+        },
         *READY_COLUMNS,
         AGE_COLUMN,
     ]
@@ -233,6 +254,7 @@ class ClusterTargetSpec(Model):
     kubeconfigSecret: ClusterKubeconfigSecretReference | None = Field(
         None, description="Kubeconfig Secret to reach the target."
     )
+    failoverAfterSeconds: FailoverAfterSeconds = None
 
 
 class ClusterTarget(Resource):
@@ -254,6 +276,12 @@ class ClusterTarget(Resource):
             "name": "Secret Namespace",
             "type": "string",
             "jsonPath": ".spec.kubeconfigSecret.namespace",
+            "priority": 1,
+        },
+        {
+            "name": "Failover",
+            "type": "integer",
+            "jsonPath": ".spec.failoverAfterSeconds",
             "priority": 1,
         },
         *READY_COLUMNS,

@@ -267,12 +267,21 @@ class Scheduler:
             del entries[node]
         return {node: why for node, (why, _) in entries.items()}
 
-    def _delegates(self, uid: str) -> list[tuple[TargetConnection, dict]]:
-        return [
-            (connection, delegate)
-            for connection in self.registry.connections.values()
-            for delegate in connection.delegates_of(uid)
-        ]
+    def _delegates(
+        self, uid: str, prefer: str | None = None
+    ) -> list[tuple[TargetConnection, dict]]:
+        """The delegates of proxy pod ``uid`` in every target, each once: two targets that are
+        the same cluster and namespace see the same pods (then the one through ``prefer``, the
+        virtual node it was placed for, is kept)."""
+        connections = sorted(
+            self.registry.connections.values(), key=lambda c: c.node_name != prefer
+        )
+        found: dict[object, tuple[TargetConnection, dict]] = {}
+        for connection in connections:
+            for delegate in connection.delegates_of(uid):
+                key = delegate["metadata"].get("uid") or (connection.node_name, id(delegate))
+                found.setdefault(key, (connection, delegate))
+        return list(found.values())
 
     # -- reconcile ----------------------------------------------------------------------------
 
@@ -288,10 +297,10 @@ class Scheduler:
             return None
         if not self.proxies.has_synced or not self.registry.settled():
             return Result(requeue_after=1.0)
-        found = self._delegates(uid)
+        placement = self.placements.get(uid)
+        found = self._delegates(uid, placement.node if placement else None)
         if is_deleting(proxy):
             return await self._release(request, proxy, found)
-        placement = self.placements.get(uid)
         live = [(c, d) for c, d in found if not is_deleting(d)]
         if placement is not None:
             mine = [(c, d) for c, d in live if c.node_name == placement.node]

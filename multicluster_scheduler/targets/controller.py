@@ -125,9 +125,19 @@ class TargetsReconciler:
         registry.targets_listed = lambda: (
             self.targets.has_synced and self.cluster_targets.has_synced
         )
+        registry.target_nodes = self._target_nodes
         self.controller: Controller | None = None
         self._config_keys: dict[str, tuple] = {}
         self._handlers: dict[str, object] = {}
+
+    def _target_nodes(self) -> set[str] | None:
+        if not (self.targets.has_synced and self.cluster_targets.has_synced):
+            return None
+        return {
+            virtual_node_name(t["metadata"]["name"], t["metadata"].get("namespace"))
+            for informer in (self.targets, self.cluster_targets)
+            for t in informer.list()
+        }
 
     async def reconcile(self, request: Request) -> Result | None:
         namespaced = bool(request.namespace)
@@ -184,6 +194,13 @@ class TargetsReconciler:
             except ConfigError as e:
                 await self._disconnect(connection)
                 return "InvalidKubeconfig", str(e)
+            except Exception as e:  # what a library makes of a kubeconfig nobody foresaw
+                await self._disconnect(connection)
+                log.warning("kubeconfig refused target=%s error=%s", where, type(e).__name__)
+                return (
+                    "InvalidKubeconfig",
+                    f"secret {where}: unusable kubeconfig ({type(e).__name__})",
+                )
         if self._config_keys.get(connection.node_name) == key:
             return None
         await self._disconnect(connection)
@@ -255,6 +272,18 @@ class TargetsReconciler:
                 "SummaryMissing",
                 ("the target has no ClusterSummary: is multicluster-scheduler installed there?"),
             )
+        delegates = connection.delegates
+        if delegates is not None and isinstance(delegates.last_error, Forbidden | Unauthorized):
+            where = f"namespace {connection.namespace}" if connection.namespace else "the cluster"
+            return (
+                False,
+                "Forbidden",
+                (
+                    f"the target forbids our pods in {where} (bind the "
+                    f"{keys.SOURCE_CLUSTER_ROLE} ClusterRole there, e.g. with a Source): "
+                    f"{delegates.last_error}"
+                ),
+            )
         return True, "Ready", "the target's ClusterSummary is current"
 
     async def _report(
@@ -265,13 +294,11 @@ class TargetsReconciler:
         reason: str,
         message: str,
     ) -> None:
-        changed = (connection.ready, connection.reason, connection.message) != (
-            bool(ready),
-            reason,
-            message,
-        )
-        connection.ready, connection.reason, connection.message = bool(ready), reason, message
-        if changed:
+        failover = (target.get("spec") or {}).get("failoverAfterSeconds")
+        failover = float(failover) if isinstance(failover, int) and failover > 0 else None
+        changed = connection.failover_after != failover
+        connection.failover_after = failover
+        if connection.set_ready(bool(ready), reason, message) or changed:
             self.registry.changed(connection)
         status = target.get("status") or {}
         previous = status.get("conditions") or []

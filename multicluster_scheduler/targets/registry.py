@@ -19,7 +19,7 @@ from multicluster import Cluster, Informer
 from multicluster.resources import PODS
 
 from ..api import keys
-from ..api.naming import virtual_node_name
+from ..api.naming import unique_name, virtual_node_name
 from ..api.proxy import parent_cluster, parent_uid
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,26 @@ class TargetConnection:
     reason: str = "Connecting"
     message: str = ""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    failover_after: float | None = None  # spec.failoverAfterSeconds
+    not_ready_since: float | None = field(default_factory=time.monotonic)
+
+    def set_ready(self, ready: bool, reason: str, message: str) -> bool:
+        """Record the target's readiness; whether anything changed."""
+        changed = (self.ready, self.reason, self.message) != (ready, reason, message)
+        if ready:
+            self.not_ready_since = None
+        elif self.not_ready_since is None:
+            self.not_ready_since = time.monotonic()
+        self.ready, self.reason, self.message = ready, reason, message
+        return changed
+
+    def failover_in(self, now: float | None = None) -> float | None:
+        """Seconds until the proxy pods bound to this target are to be released (0: due now),
+        or None when they are not (the target is Ready, or it has no failover setting)."""
+        if self.ready or self.failover_after is None or self.not_ready_since is None:
+            return None
+        away = (time.monotonic() if now is None else now) - self.not_ready_since
+        return max(0.0, self.failover_after - away)
 
     @property
     def node_name(self) -> str:
@@ -64,9 +84,12 @@ class TargetConnection:
 
     @property
     def labels(self) -> dict[str, str]:
+        """The virtual node's labels naming its target (a name longer than a label value may
+        be, 63 characters, is shortened with a hash)."""
+        name = unique_name([self.name])
         if self.namespace:
-            return {keys.TARGET_NAMESPACE_LABEL: self.namespace, keys.TARGET_NAME_LABEL: self.name}
-        return {keys.CLUSTER_TARGET_NAME_LABEL: self.name}
+            return {keys.TARGET_NAMESPACE_LABEL: self.namespace, keys.TARGET_NAME_LABEL: name}
+        return {keys.CLUSTER_TARGET_NAME_LABEL: name}
 
     def allows(self, namespace: str) -> bool:
         """A namespaced Target serves only proxy pods of its own namespace."""
@@ -129,6 +152,8 @@ class TargetRegistry:
         self._changed: list[Callback] = []
         self._created = time.monotonic()
         self.targets_listed: Callable[[], bool] = lambda: True
+        # The virtual node names of every Target and ClusterTarget there is (None until listed).
+        self.target_nodes: Callable[[], set[str] | None] = lambda: None
 
     def on_added(self, listener: Listener) -> None:
         self._added.append(listener)

@@ -14,6 +14,7 @@ import time
 from multicluster import ApiError, Client, Conflict, NotFound, Resource
 from multicluster.resources import LEASES, NODES
 
+from ..api import keys
 from ..targets.registry import TargetConnection, TargetRegistry
 from .node import node_labels, node_object, node_status, status_differs
 from .pods import PodSync
@@ -168,6 +169,7 @@ class VirtualKubelet:
         self.port = port
         self.owner = owner
         self.pods = pods
+        self.registry = registry
         self._loops: dict[str, tuple[NodeLoop, asyncio.Task]] = {}
         registry.on_added(self._added)
         registry.on_removed(self._removed)
@@ -195,6 +197,33 @@ class VirtualKubelet:
             await loop.delete()
         except ApiError as e:
             log.warning("could not delete virtual node node=%s error=%s", loop.name, e)
+
+    async def sweep(self, retry: float = 5.0) -> None:
+        """Leader only, once per leadership: remove the virtual nodes of targets deleted while
+        no agent led (nobody saw them go), after letting go of their proxy pods."""
+        while (wanted := self.registry.target_nodes()) is None:
+            await asyncio.sleep(0.5)
+        while True:
+            try:
+                nodes, _ = await self.client.list(
+                    NODES, label_selector=f"{keys.PROVIDER_KEY}={keys.PROVIDER}"
+                )
+                wanted = self.registry.target_nodes() or set()
+                for node in nodes:
+                    name = node["metadata"]["name"]
+                    owners = node["metadata"].get("ownerReferences") or []
+                    if name in wanted or name in self._loops:
+                        continue
+                    if self.owner and self.owner.get("uid") not in {o.get("uid") for o in owners}:
+                        continue  # not ours (another installation's)
+                    if self.pods is not None:
+                        await self.pods.release_node(name)
+                    await self.client.delete(NODES, name, missing_ok=True)
+                    log.info("virtual node of a target deleted meanwhile removed node=%s", name)
+                return
+            except ApiError as e:
+                log.warning("virtual nodes not swept, retrying: %s", e)
+                await asyncio.sleep(retry)
 
     async def stop(self) -> None:
         for _, task in self._loops.values():

@@ -8,6 +8,11 @@ replaces it: a proxy pod never "resurrects" as Pending. Delegates whose proxy po
 exists are deleted. A pod that is not a proxy but lands on a virtual node (a DaemonSet pod
 that tolerates every taint, say) is refused as a kubelet refuses a pod it cannot run: once,
 with a terminal phase and a reason, and never again.
+
+A target that goes away keeps its proxy pods (they may well still run there) unless it has a
+failover setting: once it has been away that long, its proxy pods are released (deleted, as the
+node lifecycle controller evicts pods from a lost node) so that owners replace them elsewhere,
+and their delegates are deleted as orphans when the target is back.
 """
 
 from __future__ import annotations
@@ -15,7 +20,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from multicluster import ApiError, Cluster, Controller, Informer, NotFound, Request, Result
+from multicluster import (
+    ApiError,
+    Cluster,
+    Conflict,
+    Controller,
+    Informer,
+    NotFound,
+    Request,
+    Result,
+)
 from multicluster.events import EventRecorder
 from multicluster.gc import remove_finalizer
 from multicluster.resources import PODS
@@ -40,6 +54,7 @@ NODE_INDEX = "node"
 RECHECK = 5.0
 RELEASE_TIMEOUT = 5.0
 REFUSED_REASON = "NotProxyPod"
+FAILOVER_REASON = "TargetFailover"
 
 
 def _node_of(pod: dict) -> list[str]:
@@ -74,8 +89,11 @@ class PodSync:
         self.proxies.add_indexer(NODE_INDEX, _node_of)
         self._delegate_handlers: dict[str, tuple[Informer, object]] = {}
         self._foreign: dict[str, tuple[Informer, object]] = {}
+        self._failovers: dict[str, asyncio.TimerHandle] = {}
+        self._away: set[str] = set()
         registry.on_connected(self._connected)
         registry.on_disconnected(self._disconnected)
+        registry.on_changed(self._target_changed)
 
     @property
     def controllers(self) -> list[Controller]:
@@ -117,6 +135,42 @@ class PodSync:
         if entry is not None:
             entry[0].remove_handler(entry[1])
 
+    def _target_changed(self, connection: TargetConnection) -> None:
+        node = connection.node_name
+        timer = self._failovers.pop(node, None)
+        if timer is not None:
+            timer.cancel()
+        if connection.ready:
+            if node in self._away:
+                self._away.discard(node)
+                self._check_delegates(connection)
+            return
+        self._away.add(node)
+        due = connection.failover_in()
+        if due is not None:
+            self._failovers[node] = asyncio.get_running_loop().call_later(
+                due, self._enqueue_node, node
+            )
+
+    def _enqueue_node(self, node: str) -> None:
+        self._failovers.pop(node, None)
+        for proxy in self.proxies.by_index(NODE_INDEX, node):
+            meta = proxy["metadata"]
+            self.proxies_controller.queue.add(
+                Request(self.local.name, meta["namespace"], meta["name"])
+            )
+
+    def _check_delegates(self, connection: TargetConnection) -> None:
+        """The target is back: proxy pods may have gone meanwhile (released, or deleted by
+        hand), and a watch that resumes sends no event for delegates that did not change."""
+        if connection.delegates is None:
+            return
+        for delegate in connection.delegates.list():
+            meta = delegate["metadata"]
+            self.orphans_controller.queue.add(
+                Request(connection.node_name, meta["namespace"], meta["name"]), low_priority=True
+            )
+
     def watch_node(self, node: str) -> None:
         """Refuse pods that are not proxies but land on ``node``."""
         if node in self._foreign:
@@ -153,14 +207,19 @@ class PodSync:
             return None  # not one of our virtual nodes (or its target is being removed)
         uid = proxy["metadata"]["uid"]
         here = connection.delegates_of(uid)
+        # The same pods, when another target is the same cluster and namespace as this one.
+        seen_here = {d["metadata"].get("uid") for d in here}
         for other in self.registry.connections.values():
             if other is connection:
                 continue
             for delegate in other.delegates_of(uid):  # duplicates: this pod is bound here
-                if not is_deleting(delegate):
+                if not is_deleting(delegate) and delegate["metadata"].get("uid") not in seen_here:
                     await other.delete_delegate(
                         delegate, "its proxy pod is bound to another target"
                     )
+        if connection.failover_in() == 0 and (is_deleting(proxy) or not is_terminal(proxy)):
+            await self._fail_over(proxy, connection)
+            return None
         if is_deleting(proxy):
             return await self._finalize(proxy, connection, here)
         if not connection.delegates_synced:
@@ -235,6 +294,35 @@ class PodSync:
             connection.node_name,
         )
 
+    async def _fail_over(self, proxy: dict, connection: TargetConnection) -> None:
+        meta = proxy["metadata"]
+        message = (
+            f"target {connection.name} has not been Ready for {connection.failover_after:g}s "
+            f"(its failoverAfterSeconds) ({connection.reason}: {connection.message}); this pod "
+            "is released so that its owner replaces it elsewhere; its delegate there is "
+            "deleted when the target is back"
+        )
+        if not is_deleting(proxy):
+            self.events.emit(pod_reference(proxy), "Warning", FAILOVER_REASON, message)
+        try:
+            await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
+            await self.local.client.delete(
+                PODS,
+                meta["name"],
+                meta["namespace"],
+                missing_ok=True,
+                grace_period_seconds=0,
+                preconditions={"uid": meta["uid"]},
+            )
+        except Conflict:
+            return  # changed meanwhile: its update event brings it back
+        log.info(
+            "proxy pod released namespace=%s name=%s target=%s reason=failover",
+            meta["namespace"],
+            meta["name"],
+            connection.node_name,
+        )
+
     # -- delegates whose proxy pod is gone ----------------------------------------------------
 
     async def sync_orphan(self, request: Request) -> Result | None:
@@ -246,6 +334,8 @@ class PodSync:
             return None
         if parent_cluster(delegate) != self.cluster_name:
             return None
+        if not connection.delegates_synced:
+            return Result(requeue_after=RECHECK)  # the target is away: delete it when back
         if not self.proxies.has_synced:
             return Result(requeue_after=1.0)
         uid = parent_uid(delegate)
@@ -299,15 +389,26 @@ class PodSync:
                     connection.node_name,
                     e,
                 )
-            try:
-                await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
-                await self.local.client.delete(
-                    PODS, meta["name"], meta["namespace"], missing_ok=True, grace_period_seconds=0
-                )
-            except ApiError as e:
-                log.warning(
-                    "proxy pod not released namespace=%s name=%s: %s",
-                    meta["namespace"],
-                    meta["name"],
-                    e,
-                )
+            await self._let_go(proxy)
+
+    async def release_node(self, node: str) -> None:
+        """The node of a target deleted while no agent led: its delegates cannot be found any
+        more (nothing says where it was); let go of its proxy pods so owners replace them."""
+        await self.proxies.wait_synced()
+        for proxy in self.proxies.by_index(NODE_INDEX, node):
+            await self._let_go(proxy)
+
+    async def _let_go(self, proxy: dict) -> None:
+        meta = proxy["metadata"]
+        try:
+            await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
+            await self.local.client.delete(
+                PODS, meta["name"], meta["namespace"], missing_ok=True, grace_period_seconds=0
+            )
+        except ApiError as e:
+            log.warning(
+                "proxy pod not released namespace=%s name=%s: %s",
+                meta["namespace"],
+                meta["name"],
+                e,
+            )

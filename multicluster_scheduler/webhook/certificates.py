@@ -23,7 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from multicluster import Client, Conflict, Request, Resource
+from multicluster import Client, Conflict, Request, Resource, Unreachable
+from multicluster.errors import ServerError, TooManyRequests
 from multicluster.resources import SECRETS
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,12 @@ class CertificateManager:
     async def load_ca(self) -> KeyPair:
         """The shared CA from the Secret, filling the Secret first if it is empty."""
         while True:
-            secret = await self.client.get(SECRETS, self.ca_secret, self.namespace)
+            try:
+                secret = await self.client.get(SECRETS, self.ca_secret, self.namespace)
+            except (Unreachable, ServerError, TooManyRequests) as e:
+                log.warning("cannot read the webhook CA secret yet, retrying: %s", e)
+                await asyncio.sleep(1.0)
+                continue
             data = secret.get("data") or {}
             if CA_CERT_KEY in data and CA_KEY_KEY in data:
                 self.ca = KeyPair(
