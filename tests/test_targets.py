@@ -62,8 +62,11 @@ def test_failover_is_due_once_the_target_has_been_away_long_enough():
     connection = TargetConnection(kind="Target", name="c2", namespace="default")
     assert connection.failover_in() is None, "no failover setting: proxies wait"
     connection.failover_after = 60.0
+    assert connection.set_ready(False, "Connecting", "connecting to the target")
+    assert connection.failover_in() is None, "connecting (after a restart, say) is not away"
+    assert connection.set_ready(False, "Unreachable", "connection refused")
     start = connection.not_ready_since
-    assert start is not None, "not Ready until it connects"
+    assert start is not None
     assert connection.failover_in(now=start + 10) == 50.0
     assert connection.set_ready(True, "Ready", "the target's ClusterSummary is current")
     assert connection.not_ready_since is None

@@ -66,6 +66,7 @@ NOT_CACHED_RETRY = 2.0
 FOREIGN_RETRY = 60.0  # someone else's object of the same name: looked at again after this
 WARN_EVERY = 600.0
 RESYNC_EVERY = 300.0
+HEALTH_PERIOD = 2.0
 RESOURCES: dict[str, Resource] = {CONFIG_MAP: CONFIGMAPS, SECRET: SECRETS}
 
 Key = tuple[str, str, str]  # (virtual node, namespace, name)
@@ -103,6 +104,8 @@ class Follower:
             local, self.resource, transform=slim_followed, predicates=[self._relevant]
         )
         self.copies: dict[str, Informer] = {}  # by virtual node name
+        self._delegates: dict[str, Informer] = {}  # by virtual node name
+        self._healthy: dict[str, bool] = {}  # whether its caches were healthy last time
         self._handlers: dict[str, list[tuple[Informer, object]]] = {}
         self._locks: dict[Key, tuple[asyncio.Lock, int]] = {}
         self._written: dict[Key, tuple[str, float]] = {}  # → (hash, monotonic time)
@@ -169,6 +172,7 @@ class Follower:
         connection.delegates.add_handler(on_delegate)
         copies.add_handler(on_copy)
         self.copies[node] = copies
+        self._delegates[node] = connection.delegates
         self._handlers[node] = [(connection.delegates, on_delegate), (copies, on_copy)]
 
     def disconnected(self, connection: TargetConnection) -> None:
@@ -176,6 +180,8 @@ class Follower:
         for informer, handler in self._handlers.pop(node, ()):
             informer.remove_handler(handler)
         self.copies.pop(node, None)
+        self._delegates.pop(node, None)
+        self._healthy.pop(node, None)
         for memo in (self._written, self._foreign):
             for key in [k for k in memo if k[0] == node]:
                 del memo[key]
@@ -184,12 +190,29 @@ class Follower:
         """Look again at every copy of ours in every target (from the caches): a watch that
         resumed after an outage sends no event for copies whose source went meanwhile."""
         for copies in list(self.copies.values()):
-            for copy in copies.list():
-                meta = copy["metadata"]
-                if is_ours(copy, self.cluster_name):
-                    self.controller.queue.add(
-                        self._request(meta["namespace"], meta["name"]), low_priority=True
-                    )
+            self._resync_copies(copies)
+
+    def resync_recovered(self) -> None:
+        """Look again at the copies of each target whose caches just recovered from an error:
+        what changed meanwhile (delegates gone, say) was skipped while they could not tell."""
+        for node, copies in list(self.copies.items()):
+            delegates = self._delegates.get(node)
+            healthy = copies.healthy and (delegates is None or delegates.healthy)
+            recovered = healthy and not self._healthy.get(node, True)
+            self._healthy[node] = healthy
+            if recovered:
+                log.info(
+                    "copies looked at again kind=%s target=%s: caches recovered", self.kind, node
+                )
+                self._resync_copies(copies)
+
+    def _resync_copies(self, copies: Informer) -> None:
+        for copy in copies.list():
+            meta = copy["metadata"]
+            if is_ours(copy, self.cluster_name):
+                self.controller.queue.add(
+                    self._request(meta["namespace"], meta["name"]), low_priority=True
+                )
 
     async def removed(self, connection: TargetConnection) -> None:
         """A Target is deleted: our copies there go too (if it can be reached soon)."""
@@ -539,11 +562,23 @@ class Follow:
     async def _removed(self, connection: TargetConnection) -> None:
         await asyncio.gather(*(f.removed(connection) for f in self.followers.values()))
 
-    async def resync_forever(self, every: float = RESYNC_EVERY) -> None:
+    async def resync_forever(
+        self, every: float = RESYNC_EVERY, health_period: float = HEALTH_PERIOD
+    ) -> None:
+        """Every ``every`` seconds, every copy; every ``health_period``, the copies of targets
+        whose caches recovered."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(health_period)
+            full = loop.time() - last >= every
             for follower in self.followers.values():
-                follower.resync()
+                if full:
+                    follower.resync()
+                else:
+                    follower.resync_recovered()
+            if full:
+                last = loop.time()
 
     async def prepare(self, connection: TargetConnection, delegate: dict) -> None:
         """Copy what ``delegate`` uses to its target before it is created there, within

@@ -303,8 +303,15 @@ class Scheduler:
             return await self._release(request, proxy, found)
         live = [(c, d) for c, d in found if not is_deleting(d)]
         if placement is not None:
-            mine = [(c, d) for c, d in live if c.node_name == placement.node]
-            extra = [(c, d) for c, d in live if c.node_name != placement.node]
+            home = self.registry.by_node(placement.node)
+            mine, extra = [], []
+            for c, d in live:
+                if c.node_name == placement.node:
+                    mine.append((c, d))
+                elif home is not None and c.same_place(home):
+                    mine.append((home, d))  # seen first through a Target of the same place
+                else:
+                    extra.append((c, d))
         else:
             live.sort(key=lambda cd: (not _scheduled(cd[1]), cd[1]["metadata"]["name"]))
             mine, extra = live[:1], live[1:]

@@ -58,14 +58,15 @@ class TargetConnection:
     message: str = ""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     failover_after: float | None = None  # spec.failoverAfterSeconds
-    not_ready_since: float | None = field(default_factory=time.monotonic)
+    not_ready_since: float | None = None  # since when it has been failing (not Connecting)
 
     def set_ready(self, ready: bool, reason: str, message: str) -> bool:
-        """Record the target's readiness; whether anything changed."""
+        """Record the target's readiness; whether anything changed. Time away counts from the
+        first failure (connecting after an agent restart is not one)."""
         changed = (self.ready, self.reason, self.message) != (ready, reason, message)
         if ready:
             self.not_ready_since = None
-        elif self.not_ready_since is None:
+        elif self.not_ready_since is None and reason != "Connecting":
             self.not_ready_since = time.monotonic()
         self.ready, self.reason, self.message = ready, reason, message
         return changed
@@ -90,6 +91,16 @@ class TargetConnection:
         if self.namespace:
             return {keys.TARGET_NAMESPACE_LABEL: self.namespace, keys.TARGET_NAME_LABEL: name}
         return {keys.CLUSTER_TARGET_NAME_LABEL: name}
+
+    def same_place(self, other: TargetConnection) -> bool:
+        """Whether both reach the same cluster with the same scope (then they see the same
+        delegates: none is a duplicate of the other's)."""
+        if self.cluster is None or other.cluster is None:
+            return False
+        return (self.cluster.config.server, self.namespace) == (
+            other.cluster.config.server,
+            other.namespace,
+        )
 
     def allows(self, namespace: str) -> bool:
         """A namespaced Target serves only proxy pods of its own namespace."""
@@ -154,6 +165,7 @@ class TargetRegistry:
         self.targets_listed: Callable[[], bool] = lambda: True
         # The virtual node names of every Target and ClusterTarget there is (None until listed).
         self.target_nodes: Callable[[], set[str] | None] = lambda: None
+        self.removing: set[str] = set()  # nodes whose removal listeners are running
 
     def on_added(self, listener: Listener) -> None:
         self._added.append(listener)
@@ -203,8 +215,15 @@ class TargetRegistry:
             await listener(connection)
 
     async def remove(self, node_name: str) -> TargetConnection | None:
-        connection = self.connections.pop(node_name, None)
-        if connection is not None:
-            for listener in self._removed:
-                await listener(connection)
+        self.removing.add(node_name)
+        try:
+            connection = self.connections.pop(node_name, None)
+            if connection is not None:
+                for listener in self._removed:
+                    try:
+                        await listener(connection)
+                    except Exception:  # one listener's failure must not skip the others
+                        log.exception("target removal step failed node=%s", node_name)
+        finally:
+            self.removing.discard(node_name)
         return connection

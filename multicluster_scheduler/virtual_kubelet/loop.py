@@ -214,8 +214,10 @@ class VirtualKubelet:
                     owners = node["metadata"].get("ownerReferences") or []
                     if name in wanted or name in self._loops:
                         continue
-                    if self.owner and self.owner.get("uid") not in {o.get("uid") for o in owners}:
-                        continue  # not ours (another installation's)
+                    if not self.owner or self.owner.get("uid") not in {
+                        o.get("uid") for o in owners
+                    }:
+                        continue  # not known to be ours (another installation's?)
                     if self.pods is not None:
                         await self.pods.release_node(name)
                     await self.client.delete(NODES, name, missing_ok=True)

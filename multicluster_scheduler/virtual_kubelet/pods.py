@@ -18,6 +18,7 @@ and their delegates are deleted as orphans when the target is back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from multicluster import (
@@ -31,7 +32,7 @@ from multicluster import (
     Result,
 )
 from multicluster.events import EventRecorder
-from multicluster.gc import remove_finalizer
+from multicluster.gc import has_finalizer, remove_finalizer
 from multicluster.resources import PODS
 
 from ..api import keys
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 NODE_INDEX = "node"
 RECHECK = 5.0
 RELEASE_TIMEOUT = 5.0
+RELEASE_CONCURRENCY = 32
+RELEASE_PER_DELEGATE = 0.05
+VIRTUAL_NODE_PREFIX = "admiralty-"
 REFUSED_REASON = "NotProxyPod"
 FAILOVER_REASON = "TargetFailover"
 
@@ -202,18 +206,29 @@ class PodSync:
         proxy = self.proxies.get(request.name, request.namespace)
         if proxy is None:
             return None
-        connection = self.registry.by_node(proxy["spec"].get("nodeName"))
+        node = proxy["spec"].get("nodeName")
+        connection = self.registry.by_node(node)
         if connection is None:
-            return None  # not one of our virtual nodes (or its target is being removed)
+            if node in self.registry.removing:
+                return Result(requeue_after=RECHECK)  # its release deletes delegates first
+            targets = self.registry.target_nodes()
+            # Its Target is gone (the release when it went failed, or nobody led then).
+            gone = (
+                targets is not None
+                and node not in targets
+                and node.startswith(VIRTUAL_NODE_PREFIX)
+                and has_finalizer(proxy, keys.FINALIZER)
+            )
+            if gone and not await self._let_go(proxy):
+                return Result(requeue_after=RECHECK)
+            return None
         uid = proxy["metadata"]["uid"]
         here = connection.delegates_of(uid)
-        # The same pods, when another target is the same cluster and namespace as this one.
-        seen_here = {d["metadata"].get("uid") for d in here}
         for other in self.registry.connections.values():
-            if other is connection:
-                continue
+            if other is connection or other.same_place(connection):
+                continue  # another Target of the same cluster and namespace sees the same pods
             for delegate in other.delegates_of(uid):  # duplicates: this pod is bound here
-                if not is_deleting(delegate) and delegate["metadata"].get("uid") not in seen_here:
+                if not is_deleting(delegate):
                     await other.delete_delegate(
                         delegate, "its proxy pod is bound to another target"
                     )
@@ -304,6 +319,11 @@ class PodSync:
         )
         if not is_deleting(proxy):
             self.events.emit(pod_reference(proxy), "Warning", FAILOVER_REASON, message)
+        if connection.delegates_synced:  # reachable but not Ready (a summary missing, say)
+            with contextlib.suppress(ApiError, TimeoutError):
+                async with asyncio.timeout(RELEASE_TIMEOUT):
+                    for delegate in connection.delegates_of(meta["uid"]):
+                        await connection.delete_delegate(delegate, "its target failed over")
         try:
             await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
             await self.local.client.delete(
@@ -373,22 +393,34 @@ class PodSync:
     # -- a target goes away -------------------------------------------------------------------
 
     async def release(self, connection: TargetConnection) -> None:
-        """The target is deleted: delete its delegates while we still can, and let go of the
-        proxy pods bound to its node (finalizer removed, pod deleted) so owners replace them."""
-        for proxy in self.proxies.by_index(NODE_INDEX, connection.node_name):
-            meta = proxy["metadata"]
-            try:
-                async with asyncio.timeout(RELEASE_TIMEOUT):
-                    for delegate in connection.delegates_of(meta["uid"]):
-                        await connection.delete_delegate(delegate, "its target is deleted")
-            except (TimeoutError, ApiError) as e:
-                log.warning(
-                    "delegate not deleted with its target namespace=%s proxy=%s target=%s: %s",
-                    meta["namespace"],
-                    meta["name"],
-                    connection.node_name,
-                    e,
+        """The target is deleted: delete its delegates while we still can (all at once, within
+        ``RELEASE_TIMEOUT``), and let go of the proxy pods bound to its node (finalizer
+        removed, pod deleted) so owners replace them."""
+        proxies = self.proxies.by_index(NODE_INDEX, connection.node_name)
+        delegates = [d for p in proxies for d in connection.delegates_of(p["metadata"]["uid"])]
+        limit = asyncio.Semaphore(RELEASE_CONCURRENCY)
+
+        async def delete(delegate: dict) -> None:
+            async with limit:
+                await connection.delete_delegate(delegate, "its target is deleted")
+
+        try:
+            # Enough time for the work (a target may hold thousands), not forever if it is away.
+            async with asyncio.timeout(RELEASE_TIMEOUT + RELEASE_PER_DELEGATE * len(delegates)):
+                results = await asyncio.gather(
+                    *(delete(d) for d in delegates), return_exceptions=True
                 )
+        except TimeoutError as e:
+            results = [e]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            log.warning(
+                "delegates not all deleted with their target target=%s failed=%d error=%s",
+                connection.node_name,
+                len(failed),
+                failed[0],
+            )
+        for proxy in proxies:
             await self._let_go(proxy)
 
     async def release_node(self, node: str) -> None:
@@ -398,17 +430,36 @@ class PodSync:
         for proxy in self.proxies.by_index(NODE_INDEX, node):
             await self._let_go(proxy)
 
-    async def _let_go(self, proxy: dict) -> None:
+    async def _let_go(self, proxy: dict, attempts: int = 5) -> bool:
+        """Remove our finalizer and delete the proxy pod (a fresh copy is read when the cached
+        one is behind); whether it is done."""
         meta = proxy["metadata"]
-        try:
-            await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
-            await self.local.client.delete(
-                PODS, meta["name"], meta["namespace"], missing_ok=True, grace_period_seconds=0
-            )
-        except ApiError as e:
-            log.warning(
-                "proxy pod not released namespace=%s name=%s: %s",
-                meta["namespace"],
-                meta["name"],
-                e,
-            )
+        for _ in range(attempts):
+            try:
+                if await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER) is None:
+                    return True  # gone
+                await self.local.client.delete(
+                    PODS,
+                    meta["name"],
+                    meta["namespace"],
+                    missing_ok=True,
+                    grace_period_seconds=0,
+                    preconditions={"uid": meta["uid"]},
+                )
+                return True
+            except Conflict:
+                try:
+                    proxy = await self.local.client.get(PODS, meta["name"], meta["namespace"])
+                except NotFound:
+                    return True
+                if proxy["metadata"].get("uid") != meta["uid"]:
+                    return True  # a namesake
+            except ApiError as e:
+                log.warning(
+                    "proxy pod not released namespace=%s name=%s: %s",
+                    meta["namespace"],
+                    meta["name"],
+                    e,
+                )
+                return False
+        return False
