@@ -28,6 +28,21 @@ def unbound_token(namespace: str) -> str:
     return _kubectl(TARGET, "create", "token", "unbound", "-n", namespace).strip()
 
 
+def summary_only_token(namespace: str) -> str:
+    """An identity in the target that may read summaries but not place pods."""
+    assert _kubectl is not None
+    _kubectl(TARGET, "create", "serviceaccount", "viewer", "-n", namespace)
+    _kubectl(
+        TARGET,
+        "create",
+        "clusterrolebinding",
+        f"viewer-{namespace}",
+        "--clusterrole=multicluster-scheduler-cluster-summary-viewer",
+        f"--serviceaccount={namespace}:viewer",
+    )
+    return _kubectl(TARGET, "create", "token", "viewer", "-n", namespace).strip()
+
+
 def ready(kubectl: Kubectl, kind: str, name: str, namespace: str) -> tuple[str, str] | None:
     proc = kubectl.run(SOURCE, "get", kind, name, "-n", namespace, "-o", "json", check=False)
     if proc.returncode != 0:
@@ -54,6 +69,7 @@ def connected(installation: Installation, testbed: TestBed, kubectl: Kubectl, na
     kubectl.apply(SOURCE, guide.targets(namespace))
     yield namespace, token, started
     disconnect(kubectl, namespace)
+    kubectl(TARGET, "delete", "clusterrolebinding", f"viewer-{namespace}", "--ignore-not-found")
 
 
 def test_targets_become_ready_virtual_nodes_within_seconds(
@@ -125,6 +141,13 @@ def test_targets_become_ready_virtual_nodes_within_seconds(
                 "forged", ns, {"config": kubeconfig_for(tb, "not-a-token")}
             ),
             "Unauthorized",
+        ),
+        (
+            "podless",
+            lambda ns, tb, token: secret(
+                "podless", ns, {"config": kubeconfig_for(tb, summary_only_token(ns))}
+            ),
+            "Forbidden",
         ),
     ],
 )
@@ -208,7 +231,17 @@ def test_a_stopped_target_api_server_makes_its_node_not_ready(
 
 
 def test_cluster_targets_of_the_guide(connected, kubectl: Kubectl, testbed: TestBed):
-    _, token, _ = connected
+    namespace, token, _ = connected
+    # A ClusterTarget places pods in every namespace: its identity is bound everywhere, as a
+    # ClusterSource would bind it.
+    kubectl(
+        TARGET,
+        "create",
+        "clusterrolebinding",
+        f"everywhere-{namespace}",
+        "--clusterrole=multicluster-scheduler-source",
+        f"--serviceaccount={namespace}:c1",
+    )
     kubectl.apply(SOURCE, secret("c2", "admiralty", {"config": kubeconfig_for(testbed, token)}))
     kubectl.apply(SOURCE, guide.CLUSTER_TARGETS)
     try:
@@ -221,6 +254,7 @@ def test_cluster_targets_of_the_guide(connected, kubectl: Kubectl, testbed: Test
         assert table.count("Ready") == 2, table
     finally:
         kubectl(SOURCE, "delete", "clustertargets", "c1", "c2", "--ignore-not-found")
+        kubectl(TARGET, "delete", "clusterrolebinding", f"everywhere-{namespace}")
         kubectl(SOURCE, "delete", "secret", "c2", "-n", "admiralty", "--ignore-not-found")
     for name in ("admiralty-cluster-c1", "admiralty-cluster-c2"):
         wait_for(lambda n=name: node(kubectl, n) is None, 15, what=f"{name} deleted")

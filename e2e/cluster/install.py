@@ -4,7 +4,8 @@
 server reaches the agent on 127.0.0.1, and no in-cluster replicas: fake nodes run no
 containers). Each agent then runs as a local process under the chart's ServiceAccount (a token
 requested for it), so RBAC is exactly the chart's; a keeper restarts any agent that dies, as its
-Deployment would.
+Deployment would, unless a test holds it down. With several agents per cluster, the webhook URL
+points to a balancer in front of them all, as the chart's Service is.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 import threading
 import urllib.request
 from pathlib import Path
+
+from e2e.netproxy import TcpBalancer
 
 from .process import Process
 from .testbed import TestBed, free_ports, kubeconfig, wait_for
@@ -38,6 +41,8 @@ class Installation:
         self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self.held: set[Process] = set()
+        self.balancers: dict[str, TcpBalancer] = {}
         self.installed = False
 
     def _env(self) -> dict[str, str]:
@@ -102,6 +107,12 @@ class Installation:
             path = cluster.dir / "agent.kubeconfig"
             path.write_text(json.dumps(config))
             path.chmod(0o600)
+            agent_webhook_ports = (
+                [ports[0]] if self.agents_per_cluster == 1 else free_ports(self.agents_per_cluster)
+            )
+            if self.agents_per_cluster > 1:
+                self.balancers[name] = TcpBalancer(ports[0], agent_webhook_ports)
+                self.balancers[name].start()
             self.agents[name] = [
                 Process(
                     f"{name}/agent-{i}",
@@ -115,8 +126,7 @@ class Installation:
                         f"--name={RELEASE}",
                         f"--identity={name}-agent-{i}",
                         "--webhook-host=127.0.0.1",
-                        # Only the first agent's port is the webhook URL; others stand by.
-                        f"--webhook-port={ports[0] if i == 0 else free_ports(1)[0]}",
+                        f"--webhook-port={agent_webhook_ports[i]}",
                         "--webhook-cert-host=127.0.0.1",
                         "--health-host=127.0.0.1",
                         f"--health-port={ports[1 + i]}",
@@ -149,12 +159,38 @@ class Installation:
             with self._lock:
                 for agents in self.agents.values():
                     for agent in agents:
-                        if not agent.running:
+                        if not agent.running and agent not in self.held:
                             agent.start()
             self._stop.wait(0.5)
         for agents in self.agents.values():
             for agent in agents:
                 agent.stop()
+
+    def hold(self, agent: Process) -> None:
+        """Stop ``agent`` by SIGKILL and keep it down (a lost node) until :meth:`release`."""
+        with self._lock:
+            self.held.add(agent)
+            agent.kill()
+
+    def release(self, agent: Process) -> None:
+        with self._lock:
+            self.held.discard(agent)
+
+    def leader(self, name: str) -> Process | None:
+        """The agent of cluster ``name`` that holds the leader-election Lease, if any."""
+        holder = self.kubectl(
+            name,
+            "get",
+            "lease",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--ignore-not-found",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ).strip()
+        agents = self.agents[name]
+        return next((a for i, a in enumerate(agents) if holder == f"{name}-agent-{i}"), None)
 
     def stop_agents(self) -> None:
         self._stop.set()
@@ -164,6 +200,9 @@ class Installation:
 
     def uninstall(self) -> None:
         self.stop_agents()
+        for balancer in self.balancers.values():
+            balancer.stop()
+        self.balancers.clear()
         for name in self.bed.clusters:
             self.helm(name, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
         for name, agents in self.agents.items():
