@@ -79,12 +79,15 @@ def bed(installation: Installation, testbed: TestBed, kubectl: Kubectl):
         SETTLE,
         what="the module's pods gone",
     )
-    kubectl(SOURCE, "delete", "targets", "--all", "-n", names["targets"])
+    # Targets go before the namespaces (and before the bindings their identities use): the
+    # next module's agents must not meet them while the namespaces terminate.
+    for namespace in (names["targets"], names["pods"]):
+        kubectl(SOURCE, "delete", "targets", "--all", "-n", namespace)
     kubectl(TARGET, "delete", "sources", "--all", "-n", names["sources"], "--wait=false")
     cluster_scoped = kubectl(SOURCE, "get", "clustertargets", "-o", "name").split()
     cluster_scoped = [n for n in cluster_scoped if suffix in n]
     if cluster_scoped:
-        kubectl(SOURCE, "delete", *cluster_scoped, "--wait=false")
+        kubectl(SOURCE, "delete", *cluster_scoped)
     sources = kubectl(TARGET, "get", "clustersources", "-o", "name").split()
     sources = [n for n in sources if suffix in n]
     if sources:

@@ -284,7 +284,7 @@ def test_agents_meet_no_forbidden_error(installation: Installation, testbed: Tes
         text = metrics_of(installation, context)
         forbidden = [line for line in text.splitlines() if 'code="403"' in line]
         assert forbidden == [], forbidden
-        log = installation.agents[context][0].log_tail(2000)
+        log = installation.agent_log(installation.agents[context][0])
         assert "Forbidden" not in log, log
         assert " 403 " not in log, log
 

@@ -42,6 +42,7 @@ class Installation:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.held: set[Process] = set()
+        self._log_offsets: dict[Process, int] = {}
         self.balancers: dict[str, TcpBalancer] = {}
         self.installed = False
 
@@ -139,6 +140,10 @@ class Installation:
             ]
             for i, agent in enumerate(self.agents[name]):
                 cluster.processes[f"agent-{i}"] = agent
+                # Log files are shared with earlier installations of the session: remember
+                # where this one's output starts.
+                exists = agent.log_path.exists()
+                self._log_offsets[agent] = agent.log_path.stat().st_size if exists else 0
         self.installed = True
 
     def start_agents(self, timeout: float = 60.0) -> None:
@@ -165,6 +170,12 @@ class Installation:
         for agents in self.agents.values():
             for agent in agents:
                 agent.stop()
+
+    def agent_log(self, agent: Process) -> str:
+        """What ``agent`` logged since this installation defined it."""
+        with agent.log_path.open("rb") as f:
+            f.seek(self._log_offsets.get(agent, 0))
+            return f.read().decode(errors="replace")
 
     def hold(self, agent: Process) -> None:
         """Stop ``agent`` by SIGKILL and keep it down (a lost node) until :meth:`release`."""

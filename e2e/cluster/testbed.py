@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import time
@@ -62,7 +63,20 @@ class ClusterSpec:
 
 
 def free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 right now, distinct from one another."""
+    """Ports free on 127.0.0.1 right now, distinct from one another, taken below the kernel's
+    ephemeral range when there is room: a port from that range may be given meanwhile to one
+    of the thousands of outgoing connections the clusters make, before its component binds."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    chosen: list[int] = []
+    for _ in range(50 * count):
+        if len(chosen) == count or low <= 10000:
+            break
+        port = rng.randrange(10000, low)
+        if port not in chosen and _bindable(port):
+            chosen.append(port)
+    if len(chosen) == count:
+        return chosen
     sockets = []
     try:
         for _ in range(count):
@@ -73,6 +87,23 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def kubeconfig(entries: list[dict]) -> dict:
