@@ -233,8 +233,9 @@ class PodSync:
                         delegate, "its proxy pod is bound to another target"
                     )
         if connection.failover_in() == 0 and (is_deleting(proxy) or not is_terminal(proxy)):
-            await self._fail_over(proxy, connection)
-            return None
+            return (
+                None if await self._fail_over(proxy, connection) else Result(requeue_after=RECHECK)
+            )
         if is_deleting(proxy):
             return await self._finalize(proxy, connection, here)
         if not connection.delegates_synced:
@@ -309,7 +310,8 @@ class PodSync:
             connection.node_name,
         )
 
-    async def _fail_over(self, proxy: dict, connection: TargetConnection) -> None:
+    async def _fail_over(self, proxy: dict, connection: TargetConnection) -> bool:
+        """Release ``proxy`` from a target away past its failover setting; whether done."""
         meta = proxy["metadata"]
         message = (
             f"target {connection.name} has not been Ready for {connection.failover_after:g}s "
@@ -324,24 +326,15 @@ class PodSync:
                 async with asyncio.timeout(RELEASE_TIMEOUT):
                     for delegate in connection.delegates_of(meta["uid"]):
                         await connection.delete_delegate(delegate, "its target failed over")
-        try:
-            await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
-            await self.local.client.delete(
-                PODS,
-                meta["name"],
-                meta["namespace"],
-                missing_ok=True,
-                grace_period_seconds=0,
-                preconditions={"uid": meta["uid"]},
-            )
-        except Conflict:
-            return  # changed meanwhile: its update event brings it back
+        if not await self._let_go(proxy):
+            return False
         log.info(
             "proxy pod released namespace=%s name=%s target=%s reason=failover",
             meta["namespace"],
             meta["name"],
             connection.node_name,
         )
+        return True
 
     # -- delegates whose proxy pod is gone ----------------------------------------------------
 
