@@ -8,6 +8,7 @@ client-side QPS/burst limits like client-go's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -359,6 +360,60 @@ class Client:
             if missing_ok:
                 return None
             raise
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, path: str, *, params: Any = None, accept: str = "*/*"
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A GET whose body is read as it comes (a followed pod log), on a connection of its
+        own. Opening it raises like :meth:`request`; reading it may raise aiohttp's errors."""
+        await self.config.refresh_token()
+        query = _query(params) if isinstance(params, dict) else params
+        try:
+            resp = await self.watch_session.get(
+                self.config.server + path,
+                params=query,
+                headers=self._headers(accept=accept),
+                timeout=aiohttp.ClientTimeout(total=None, connect=self.timeout),
+                server_hostname=self.config.tls_server_name,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise Unreachable(f"GET {path} on {self.name}: {describe(e)}") from e
+        try:
+            if resp.status >= 400:
+                payload = await resp.read()
+                if resp.status == 401:
+                    await self.config.refresh_token(force=True)
+                raise error_for(resp.status, _decode(payload), f"GET {path} on {self.name}")
+            yield resp
+        finally:
+            resp.release()
+
+    async def websocket(
+        self, path: str, *, params: Any = None, protocols: list[str] | tuple[str, ...] = ()
+    ) -> aiohttp.ClientWebSocketResponse:
+        """A WebSocket to the server (pods/exec, pods/attach) offering ``protocols``; the
+        caller closes it. A refused handshake raises the error for its status."""
+        await self.config.refresh_token()
+        headers = self._headers()
+        del headers["Accept"]
+        try:
+            return await self.watch_session.ws_connect(
+                self.config.server + path,
+                params=params,
+                protocols=protocols,
+                headers=headers,
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=10.0),
+                autoping=True,
+                max_msg_size=0,
+                server_hostname=self.config.tls_server_name,
+            )
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status == 401:
+                await self.config.refresh_token(force=True)
+            raise error_for(e.status, e.message, f"{path} on {self.name}") from e
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise Unreachable(f"{path} on {self.name}: {describe(e)}") from e
 
     async def log(
         self, name: str, namespace: str, *, container: str | None = None, **params: Any

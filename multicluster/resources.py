@@ -46,6 +46,9 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
 REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
 JOBS = Resource("batch", "v1", "jobs", "Job")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+CERTIFICATE_SIGNING_REQUESTS = Resource(
+    "certificates.k8s.io", "v1", "certificatesigningrequests", "CertificateSigningRequest", False
+)
 ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 CLUSTER_ROLE_BINDINGS = Resource(
     "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False

@@ -44,6 +44,7 @@ from .targets.controller import targets_controller
 from .targets.registry import TargetRegistry
 from .virtual_kubelet.loop import VirtualKubelet, release_owner
 from .virtual_kubelet.pods import PodSync
+from .virtual_kubelet.server import KubeletApi
 from .webhook.app import smaller_tls_buffers
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
 from .webhook.server import WebhookProcess, WebhookServer
@@ -86,7 +87,17 @@ class AgentSettings(BaseModel):
         default_factory=lambda: os.environ.get("POD_IP") or "127.0.0.1",
         description="address virtual nodes advertise (the agent's pod IP)",
     )
+    kubelet_host: str = "0.0.0.0"
     kubelet_port: int = Field(10250, ge=1, le=65535)
+    kubelet_serving_signer: str = Field(
+        "kubernetes.io/kubelet-serving",
+        description="signer of the kubelet API's serving certificate (none: the agent's CA)",
+    )
+    kubelet_client_ca_file: Path | None = Field(
+        None,
+        description="CA of the API server's kubelet client certificate (default: the "
+        "cluster's client CA, from kube-system/extension-apiserver-authentication)",
+    )
     health_host: str = "0.0.0.0"
     health_port: int = Field(8080, ge=0, le=65535)
     log_level: str = "info"
@@ -177,7 +188,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=env("node-address"),
         help="address of virtual nodes (default: $POD_IP)",
     )
-    add("--kubelet-port", default=env("kubelet-port", "10250"))
+    add("--kubelet-host", default=env("kubelet-host", "0.0.0.0"))
+    add(
+        "--kubelet-port",
+        default=env("kubelet-port", "10250"),
+        help="port of the kubelet API (logs, exec, attach) of the virtual nodes",
+    )
+    add(
+        "--kubelet-serving-signer",
+        default=env("kubelet-serving-signer", "kubernetes.io/kubelet-serving"),
+        help="signerName of the kubelet API's certificate request; none: use the agent's CA",
+    )
+    add(
+        "--kubelet-client-ca-file",
+        default=env("kubelet-client-ca-file"),
+        help="CA that signs the API server's kubelet client certificate (default: the "
+        "cluster's client CA)",
+    )
     add("--health-host", default=env("health-host", "0.0.0.0"))
     add("--health-port", default=env("health-port", "8080"))
     add("--log-level", default=env("log-level", "info"))
@@ -334,6 +361,21 @@ async def run(settings: AgentSettings) -> None:
         if settings.self_managed_certificates:
             certificates.on_reload(webhook.reload_certificate)
         manager.add_runnable(webhook.serve, needs_leader=False)
+        kubelet_api = KubeletApi(
+            cluster.client,
+            pods.proxies,
+            registry,
+            host=settings.kubelet_host,
+            port=settings.kubelet_port,
+            address=settings.node_address,
+            node_name=f"{settings.name}-{settings.identity}",
+            signer=settings.kubelet_serving_signer,
+            client_ca_file=settings.kubelet_client_ca_file,
+            cert_dir=Path(scratch) / "kubelet",
+            ca=certificates.ca if settings.self_managed_certificates else None,
+            leading=lambda: manager.is_leader,
+        )
+        manager.add_runnable(kubelet_api.run, needs_leader=False)
         manager.add_readiness_check(
             lambda: None if webhook.started else "the webhook is not serving yet"
         )

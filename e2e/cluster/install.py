@@ -38,6 +38,7 @@ class Installation:
         self.agents: dict[str, list[Process]] = {}
         self.webhook_ports: dict[str, int] = {}
         self.health_ports: dict[str, list[int]] = {}
+        self.kubelet_ports: dict[str, list[int]] = {}
         self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -111,6 +112,7 @@ class Installation:
             agent_webhook_ports = (
                 [ports[0]] if self.agents_per_cluster == 1 else free_ports(self.agents_per_cluster)
             )
+            self.kubelet_ports[name] = free_ports(self.agents_per_cluster)
             if self.agents_per_cluster > 1:
                 self.balancers[name] = TcpBalancer(ports[0], agent_webhook_ports)
                 self.balancers[name].start()
@@ -131,6 +133,8 @@ class Installation:
                         "--webhook-cert-host=127.0.0.1",
                         "--health-host=127.0.0.1",
                         f"--health-port={ports[1 + i]}",
+                        "--kubelet-host=127.0.0.1",
+                        f"--kubelet-port={self.kubelet_ports[name][i]}",
                         *self.agent_args,
                     ],
                     cluster.dir / "logs" / f"agent-{i}.log",

@@ -208,7 +208,94 @@ class Cluster:
             path.chmod(0o600)
         admin_cert, admin_key = self.admin.write(pki, "admin")
         self.rest = RestClient(self.server, pki / "ca.crt", admin_cert, admin_key)
+        self._write_debugging()
         self._define_processes()
+
+    @property
+    def container_log(self) -> Path:
+        """What every fake container of this cluster logs (CRI format; append to follow)."""
+        return self.dir / "containers" / "container.log"
+
+    def _write_debugging(self) -> None:
+        """kwok's logs, exec and attach for fake pods: every container logs the same file,
+        and exec runs the command on this machine (in a directory of the cluster's, with
+        CLUSTER set to its name)."""
+        workdir = self.dir / "containers"
+        workdir.mkdir(exist_ok=True)
+        stamp = "2026-01-01T00:00:00.000000000Z"
+        self.container_log.write_text(
+            "".join(f"{stamp} stdout F {self.name} line {i}\n" for i in range(1, 4))
+        )
+        (workdir / "previous.log").write_text(f"{stamp} stdout F {self.name} previous run\n")
+        documents = [
+            {
+                "kind": "ClusterLogs",
+                "spec": {
+                    "logs": [
+                        {
+                            "logsFile": str(self.container_log),
+                            "previousLogsFile": str(workdir / "previous.log"),
+                            "follow": True,
+                        }
+                    ]
+                },
+            },
+            {
+                "kind": "ClusterExec",
+                "spec": {
+                    "execs": [
+                        {
+                            "local": {
+                                "workDir": str(workdir),
+                                "envs": [{"name": "CLUSTER", "value": self.name}],
+                            }
+                        }
+                    ]
+                },
+            },
+            {
+                "kind": "ClusterAttach",
+                "spec": {"attaches": [{"logsFile": str(self.container_log)}]},
+            },
+        ]
+        (self.dir / "kwok-debugging.yaml").write_text(
+            "\n---\n".join(
+                json.dumps(
+                    {
+                        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                        "metadata": {"name": f"testbed-{doc['kind'].lower()}"},
+                        **doc,
+                    }
+                )
+                for doc in documents
+            )
+        )
+
+    def bootstrap(self) -> None:
+        """What kubeadm does too: the API server's kubelet client (group
+        kubeadm:cluster-admins) is a cluster admin, so kubelets authorize its calls."""
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "kubeadm:cluster-admins"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [
+                {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Group",
+                    "name": "kubeadm:cluster-admins",
+                }
+            ],
+        }
+        try:
+            self.rest.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+        except ApiError as e:
+            if e.status != 409:
+                raise
 
     def _process(self, name: str, argv: list[str]) -> None:
         self.processes[name] = Process(
@@ -308,10 +395,14 @@ class Cluster:
                 "--node-lease-duration-seconds=40",
                 f"--cidr={POD_CIDR}",
                 "--node-ip=127.0.0.1",
+                # The port fake nodes advertise: API servers call kwok there for pods' logs,
+                # exec and attach.
+                f"--node-port={self.kwok_port}",
                 f"--server-address=127.0.0.1:{self.kwok_port}",
                 "-v=WARN",
                 *(f"--config={p}" for p in sorted(stages.glob("*.yaml"))),
                 *(f"--config={p}" for p in sorted(TESTBED_STAGES.glob("*.yaml"))),
+                f"--config={self.dir / 'kwok-debugging.yaml'}",
             ],
         )
 
@@ -496,6 +587,7 @@ class TestBed:
                 ["kube-apiserver"], lambda c: c.apiserver_ready(), deadline, "API server ready"
             )
             for cluster in self.clusters.values():
+                cluster.bootstrap()
                 cluster.create_nodes()
             self._phase(
                 ["kube-controller-manager", "kube-scheduler", "kwok"],

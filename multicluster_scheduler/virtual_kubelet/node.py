@@ -16,6 +16,9 @@ from ..api import keys
 ROLE_LABEL = "kubernetes.io/role"
 EXCLUDE_FROM_LB = "node.kubernetes.io/exclude-from-external-load-balancers"
 PER_NODE_LABELS = ("kubernetes.io/hostname",)
+# The API server (1.36+) passes kubectl's exec/attach WebSockets through to kubelets that
+# declare this, instead of translating them to SPDY: our kubelet API speaks WebSocket only.
+DECLARED_FEATURES = ["ExtendWebSocketsToKubelet"]
 
 
 def common_labels(summary: dict | None) -> dict[str, str]:
@@ -107,6 +110,7 @@ def node_status(
         ],
         "addresses": [{"type": "InternalIP", "address": address}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+        "declaredFeatures": list(DECLARED_FEATURES),
         "nodeInfo": {
             "architecture": "amd64",
             "operatingSystem": "linux",
@@ -137,6 +141,8 @@ def status_differs(current: dict | None, desired: dict) -> bool:
             status.get("allocatable") or {},
             conditions,
             status.get("addresses") or [],
+            status.get("daemonEndpoints") or {},
+            status.get("declaredFeatures") or [],
         )
 
     return essence(current) != essence(desired)

@@ -99,23 +99,33 @@ def service_hosts(service: str, namespace: str) -> list[str]:
     ]
 
 
-def new_serving_certificate(
-    ca: KeyPair, hosts: list[str], now: dt.datetime | None = None
-) -> KeyPair:
-    """A serving certificate for ``hosts`` (DNS names or IP addresses) signed by ``ca``."""
-    now = now or dt.datetime.now(dt.UTC)
-    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
-    ca_cert = ca.certificate
-    key = ec.generate_private_key(ec.SECP256R1())
+def subject_alternative_names(hosts: list[str]) -> x509.SubjectAlternativeName:
+    """IP addresses as IP SANs, anything else as DNS SANs."""
     sans: list[x509.GeneralName] = []
     for host in hosts:
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             sans.append(x509.DNSName(host))
+    return x509.SubjectAlternativeName(sans)
+
+
+def new_serving_certificate(
+    ca: KeyPair,
+    hosts: list[str],
+    now: dt.datetime | None = None,
+    *,
+    subject: x509.Name | None = None,
+) -> KeyPair:
+    """A serving certificate for ``hosts`` (DNS names or IP addresses) signed by ``ca``; its
+    subject is ``subject``, or the first host as common name."""
+    now = now or dt.datetime.now(dt.UTC)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    ca_cert = ca.certificate
+    key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .subject_name(subject or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -123,7 +133,7 @@ def new_serving_certificate(
         .not_valid_after(now + SERVING_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(subject_alternative_names(hosts), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
         )
