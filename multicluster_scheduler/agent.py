@@ -93,6 +93,11 @@ class AgentSettings(BaseModel):
         "kubernetes.io/kubelet-serving",
         description="signer of the kubelet API's serving certificate (none: the agent's CA)",
     )
+    kubelet_websockets: bool = Field(
+        True,
+        description="virtual nodes declare ExtendWebSocketsToKubelet (API servers from 1.36 "
+        "then pass exec/attach WebSockets through instead of translating them to SPDY)",
+    )
     kubelet_client_ca_file: Path | None = Field(
         None,
         description="CA of the API server's kubelet client certificate (default: the "
@@ -198,6 +203,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubelet-serving-signer",
         default=env("kubelet-serving-signer", "kubernetes.io/kubelet-serving"),
         help="signerName of the kubelet API's certificate request; none: use the agent's CA",
+    )
+    add(
+        "--kubelet-websockets",
+        default=env("kubelet-websockets", "true"),
+        help="true: virtual nodes declare ExtendWebSocketsToKubelet, so API servers from 1.36 "
+        "pass exec and attach WebSockets through; false: they translate them to SPDY, as "
+        "older ones do",
     )
     add(
         "--kubelet-client-ca-file",
@@ -328,6 +340,7 @@ async def run(settings: AgentSettings) -> None:
         port=settings.kubelet_port,
         owner=await release_owner(cluster.client, settings.name),
         pods=pods,
+        features=None if settings.kubelet_websockets else [],
     )
     manager.add_runnable(virtual_kubelet.sweep, needs_leader=True)
     with tempfile.TemporaryDirectory(prefix="webhook-") as scratch:

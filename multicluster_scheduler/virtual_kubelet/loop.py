@@ -42,9 +42,11 @@ class NodeLoop:
         lease_interval: float = 10.0,
         status_interval: float = 60.0,
         owner: dict | None = None,
+        features: list[str] | None = None,
     ) -> None:
         self.client = client
         self.owner = owner
+        self.features = features
         self.connection = connection
         self.name = connection.node_name
         self.address = address
@@ -97,6 +99,7 @@ class NodeLoop:
             address=self.address,
             port=self.port,
             previous=self._node.get("status"),
+            features=self.features,
         )
         due = time.monotonic() - self._status_written >= self.status_interval
         if due or status_differs(self._node.get("status"), desired):
@@ -163,8 +166,10 @@ class VirtualKubelet:
         port: int,
         owner: dict | None = None,
         pods: PodSync | None = None,
+        features: list[str] | None = None,
     ) -> None:
         self.client = client
+        self.features = features
         self.address = address
         self.port = port
         self.owner = owner
@@ -176,7 +181,12 @@ class VirtualKubelet:
 
     async def _added(self, connection: TargetConnection) -> None:
         loop = NodeLoop(
-            self.client, connection, address=self.address, port=self.port, owner=self.owner
+            self.client,
+            connection,
+            address=self.address,
+            port=self.port,
+            owner=self.owner,
+            features=self.features,
         )
         task = asyncio.create_task(loop.run(), name=f"node-{connection.node_name}")
         self._loops[connection.node_name] = (loop, task)

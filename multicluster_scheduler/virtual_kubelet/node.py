@@ -73,6 +73,7 @@ def node_status(
     port: int,
     previous: dict | None = None,
     now: dt.datetime | None = None,
+    features: list[str] | None = None,
 ) -> dict[str, Any]:
     """The node's status; transition times carried over from ``previous`` when unchanged."""
     stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -110,7 +111,7 @@ def node_status(
         ],
         "addresses": [{"type": "InternalIP", "address": address}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
-        "declaredFeatures": list(DECLARED_FEATURES),
+        "declaredFeatures": list(DECLARED_FEATURES if features is None else features),
         "nodeInfo": {
             "architecture": "amd64",
             "operatingSystem": "linux",

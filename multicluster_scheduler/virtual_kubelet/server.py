@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -32,7 +34,9 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import Counter
+from yarl import URL
 
 from multicluster import ApiError, Client, NotFound, Unreachable, metrics
 from multicluster.resources import CONFIGMAPS, PODS, Resource
@@ -40,6 +44,7 @@ from multicluster.resources import CONFIGMAPS, PODS, Resource
 from ..api.proxy import is_deleting
 from ..targets.registry import TargetConnection, TargetRegistry
 from ..webhook.certificates import new_ca
+from . import spdy
 from .serving import KubeletCertificates
 
 log = logging.getLogger(__name__)
@@ -237,6 +242,7 @@ class KubeletServer:
         self.leading = leading
         self.started = False
         self._runner: web.AppRunner | None = None
+        self._spdy_tasks: set[asyncio.Task] = set()
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._authenticate])
@@ -256,14 +262,25 @@ class KubeletServer:
             self.app(), access_log=None, handle_signals=False, handler_cancellation=True
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=context)
-        await site.start()
+        http = self._runner.server
+        assert http is not None
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: _Front(http, self._spdy_upgrade),
+            self.host,
+            self.port,
+            ssl=context,
+            ssl_handshake_timeout=10.0,
+        )
         self.started = True
         log.info("kubelet API serving on %s:%d", self.host, self.port)
         try:
             await asyncio.Event().wait()
         finally:
             self.started = False
+            server.close()
+            for task in list(self._spdy_tasks):
+                task.cancel()
             await self._runner.cleanup()
 
     # -- authentication and authorization ------------------------------------------------------
@@ -440,6 +457,88 @@ class KubeletServer:
         finally:
             await upstream.close()
 
+    # -- exec and attach over SPDY (API servers before 1.36, older clients) -------------------
+
+    def _spdy_upgrade(self, session: spdy.Session, head: RequestHead) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve_spdy(session, head))
+        self._spdy_tasks.add(task)
+        task.add_done_callback(self._spdy_tasks.discard)
+
+    async def _serve_spdy(self, session: spdy.Session, head: RequestHead) -> None:
+        transport = session.transport
+        try:
+            await self.spdy_remote_command(session, head)
+        except KubeletError as e:
+            kind = _kind(head.url.path)
+            log.info("%s refused: %s", head.url.path, e.message)
+            transport.write(_http_error(_text(e, kind)))
+            transport.close()
+        except (ConnectionResetError, asyncio.CancelledError):
+            transport.close()
+            raise
+        except Exception:
+            log.exception("SPDY %s failed", head.url.path)
+            transport.close()
+
+    async def spdy_remote_command(self, session: spdy.Session, head: RequestHead) -> None:
+        match = SPDY_PATH.fullmatch(head.url.path)
+        if match is None or head.method not in ("GET", "POST"):
+            raise KubeletError(404, f"{head.method} {head.url.path} is not served here")
+        kind, namespace, name, container = match.groups()
+        if self.authorizer is not None:
+            peercert = session.transport.get_extra_info("peercert")
+            user, groups = user_of(peercert)
+            verb = "get" if head.method == "GET" else "create"
+            refusal = await self.authorizer.refusal(user, groups, verb)
+            if refusal is not None:
+                log.warning("kubelet API request refused path=%s: %s", head.url.path, refusal)
+                REQUESTS.labels(kind, "refused").inc()
+                raise KubeletError(403, f"Forbidden: {refusal}")
+        offered = [
+            p.strip()
+            for value in head.headers.getall("X-Stream-Protocol-Version", [])
+            for p in value.split(",")
+        ]
+        protocol = next((p for p in SPDY_PROTOCOLS if p in offered), None)
+        if offered and protocol is None:
+            raise KubeletError(400, f"none of the stream protocols {offered} is supported")
+        protocol = protocol or "channel.k8s.io"
+        located = self.locate(namespace, name)
+        await self._check_container(located, container)
+        params = stream_params(head.url.query, container, kind)
+        path = PODS.path(located.namespace, located.name, kind)
+        upstream_protocols = (
+            ["v5.channel.k8s.io", protocol] if protocol == "v4.channel.k8s.io" else [protocol]
+        )
+        try:
+            upstream = await located.client.websocket(
+                path, params=params, protocols=upstream_protocols
+            )
+        except (ApiError, Unreachable) as e:
+            raise self._upstream_error(located, e) from e
+        try:
+            session.transport.write(
+                b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+                b"Upgrade: SPDY/3.1\r\n"
+                + (f"X-Stream-Protocol-Version: {protocol}\r\n".encode() if offered else b"")
+                + b"\r\n"
+            )
+            REQUESTS.labels(kind, "relayed").inc()
+            log.info(
+                "%s to %s/%s relayed to %s/%s in target %s protocol=%s (SPDY) upstream=%s",
+                kind,
+                namespace,
+                name,
+                *_names(located),
+                located.target,
+                protocol,
+                upstream.protocol,
+            )
+            await _bridge(session, upstream, head.url.query, tty=head.url.query.get("tty") in TRUE)
+        finally:
+            await upstream.close()
+            await session.close()
+
     async def _check_container(self, located: Located, container: str) -> None:
         """Errors the target would give only as a failed handshake, in words."""
         try:
@@ -529,6 +628,169 @@ def _text(error: KubeletError, kind: str = "logs") -> web.Response:
 
 def _names(located: Located) -> tuple[str, str]:
     return located.namespace, located.name
+
+
+SPDY_PATH = re.compile(r"/(exec|attach)/([^/]+)/([^/]+)/([^/]+)")
+SPDY_PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
+STREAM_WAIT = 30.0  # how long the client has to open its streams, as a kubelet gives it
+MAX_HEAD = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RequestHead:
+    method: str
+    url: URL
+    headers: CIMultiDict
+
+
+def parse_head(data: bytes) -> RequestHead | None:
+    """The request line and headers of an HTTP/1.1 request (None if it is not one)."""
+    lines = data.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return None
+    headers: CIMultiDict = CIMultiDict()
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon:
+            return None
+        headers.add(name.strip(), value.strip())
+    try:
+        url = URL(parts[1])
+    except ValueError:
+        return None
+    return RequestHead(parts[0], url, headers)
+
+
+class _Front(asyncio.Protocol):
+    """The first request of a connection says who serves it: SPDY upgrades are ours (aiohttp
+    knows only WebSocket ones), everything else goes to aiohttp."""
+
+    def __init__(self, http: Any, on_spdy: Callable[[spdy.Session, RequestHead], None]) -> None:
+        self.http = http
+        self.on_spdy = on_spdy
+        self.transport: Any = None
+        self.buffer = bytearray()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buffer) > MAX_HEAD:
+                self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n\r\n")
+                self.transport.close()
+            return
+        head = parse_head(bytes(self.buffer[:end]))
+        upgrade = head.headers.get("Upgrade", "").lower() if head else ""
+        if head is not None and upgrade.startswith("spdy/"):
+            session = spdy.Session(self.transport)
+            self.transport.set_protocol(session)
+            session.data_received(bytes(self.buffer[end + 4 :]))
+            self.on_spdy(session, head)
+        else:
+            handler = self.http()
+            self.transport.set_protocol(handler)
+            handler.connection_made(self.transport)
+            handler.data_received(bytes(self.buffer))
+        self.buffer = bytearray()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass
+
+
+def _http_error(response: web.Response) -> bytes:
+    body = response.text.encode() if response.text else b""
+    return (
+        f"HTTP/1.1 {response.status} {response.reason}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
+async def _bridge(
+    session: spdy.Session,
+    upstream: aiohttp.ClientWebSocketResponse,
+    query: Any,
+    *,
+    tty: bool,
+) -> None:
+    """The client's SPDY streams to the target's WebSocket channels and back, until either
+    side ends."""
+    expected = {"error"}
+    if query.get("input") in TRUE:
+        expected.add("stdin")
+    if query.get("output") in TRUE:
+        expected.add("stdout")
+    if query.get("error") in TRUE and not tty:
+        expected.add("stderr")
+    streams: dict[str, spdy.Stream] = {}
+    arrived = asyncio.Event()
+
+    def on_stream(stream: spdy.Stream) -> None:
+        streams[stream.kind] = stream
+        if expected <= streams.keys():
+            arrived.set()
+        if stream.kind in ("stdin", "resize"):
+            pumps.append(asyncio.create_task(client_to_target(stream)))
+
+    async def client_to_target(stream: spdy.Stream) -> None:
+        channel = 0 if stream.kind == "stdin" else 4
+        decoder, pending = json.JSONDecoder(), ""
+        async for chunk in stream.chunks():
+            if channel == 0:
+                await upstream.send_bytes(b"\x00" + chunk)
+                continue
+            pending += chunk.decode(errors="replace")  # resize: a stream of JSON objects
+            while pending.strip():
+                try:
+                    size, end = decoder.raw_decode(pending.lstrip())
+                except ValueError:
+                    break
+                pending = pending.lstrip()[end:]
+                await upstream.send_bytes(b"\x04" + orjson.dumps(size))
+        if channel == 0 and upstream.protocol == "v5.channel.k8s.io":
+            await upstream.send_bytes(b"\xff\x00")  # stdin ended
+
+    pumps: list[asyncio.Task] = []
+    session.on_stream = on_stream
+    session.start()
+    for stream in list(session.streams.values()):
+        on_stream(stream)
+    try:
+        async with asyncio.timeout(STREAM_WAIT):
+            await arrived.wait()
+    except TimeoutError:
+        log.info("SPDY client opened %s of %s streams in time", sorted(streams), sorted(expected))
+        return
+    channels = {1: "stdout", 2: "stderr", 3: "error"}
+
+    async def target_to_client() -> None:
+        async for message in upstream:
+            if message.type != aiohttp.WSMsgType.BINARY or not message.data:
+                continue
+            data: bytes = message.data
+            if data[0] == 255 and len(data) > 1:  # v5: the target closed a channel
+                stream = streams.get(channels.get(data[1], ""))
+                if stream is not None:
+                    await stream.close()
+                continue
+            stream = streams.get(channels.get(data[0], ""))
+            if stream is not None and len(data) > 1:
+                await stream.write(data[1:])
+
+    down = asyncio.create_task(target_to_client())
+    gone = asyncio.create_task(session.closed.wait())
+    try:
+        await asyncio.wait((down, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (down, gone, *pumps):
+            task.cancel()
+        for task in (down, gone, *pumps):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 def server_context(cert_file, key_file, client_ca_pem: bytes) -> ssl.SSLContext:
