@@ -308,6 +308,7 @@ def report(
         (target, [*ns, "get", "pods", "-o", "wide"], "c2's delegates"),
         (source, ["get", "nodes"], "real and virtual nodes"),
         (source, [*ns, "get", "targets"], "the connections"),
+        (source, [*ns, "logs", "deployment/nginx"], "a delegate's log, asked of its proxy pod"),
     ]
     print("\nLook further:")
     if shutil.which("kubectl") is None:

@@ -91,6 +91,41 @@ def test_kubectl_logs_returns_the_delegates_output(placed, kubectl: Kubectl, tes
     previous = logs(kubectl, namespace, "-c", "main", "--previous").stdout
     assert lines(previous) == ["cluster2 previous run"]
     assert logs(kubectl, namespace, "-c", "main", "--limit-bytes=8").stdout == "cluster2"
+    assert logs(kubectl, namespace, "-c", "main", "--since=1h").stdout == ""  # all older
+    since = logs(kubectl, namespace, "-c", "main", "--since-time=2025-12-31T00:00:00Z").stdout
+    assert lines(since) == expected
+    every = logs(kubectl, namespace, "--all-containers").stdout
+    assert lines(every) == expected * 2  # main's, then sidecar's
+
+
+def test_a_self_targets_delegate_too(placed, kubectl: Kubectl):
+    """Delegates of the self target run in cluster1 itself: the agent asks its own API server,
+    with its own identity."""
+    namespace, _, _ = placed
+    here = elected_pod("debug-here").replace(f"{REGION}: eu", f"{REGION}: us")
+    kubectl.apply(SOURCE, here, "-n", namespace)
+
+    def running() -> bool:
+        found = [p for p in proxies(kubectl, namespace) if p["metadata"]["name"] == "debug-here"]
+        return bool(found) and running_and_ready(found[0])
+
+    wait_for(running, 60, what="the proxy pod in cluster1 Running")
+    said = kubectl.run(SOURCE, "logs", "debug-here", "-c", "main", "-n", namespace, "--tail=1")
+    assert said.stdout.startswith("cluster1 line")
+    ran = kubectl.run(
+        SOURCE,
+        "exec",
+        "debug-here",
+        "-c",
+        "main",
+        "-n",
+        namespace,
+        "--",
+        "sh",
+        "-c",
+        "echo $CLUSTER",
+    )
+    assert ran.stdout == "cluster1\n"
 
 
 def test_kubectl_logs_follow_streams_new_lines(placed, kubectl: Kubectl, testbed: TestBed):
