@@ -9,7 +9,9 @@ it came from.
 
 from __future__ import annotations
 
+import base64
 import http.client
+import json
 import re
 import socket
 import ssl
@@ -307,6 +309,38 @@ def test_errors_read_well(placed, kubectl: Kubectl, testbed: TestBed):
     assert "cannot exec into a container in a completed pod" in gone.stderr, gone.stderr
 
 
+def test_what_the_target_refuses_is_quoted(placed, kubectl: Kubectl):
+    """The source's identity in cluster2 loses pods/exec: the target's own words come back."""
+    namespace, _, _ = placed
+    role = kubectl.json(TARGET, "get", "clusterrole", "multicluster-scheduler-source")
+    rules = role["rules"]
+
+    def replace(new_rules: list[dict]) -> None:
+        current = kubectl.json(TARGET, "get", "clusterrole", "multicluster-scheduler-source")
+        current["rules"] = new_rules
+        kubectl(TARGET, "replace", "-f", "-", stdin=json.dumps(current))
+
+    without = [
+        {**r, "resources": [x for x in r["resources"] if x != "pods/exec"]}
+        for r in rules
+        if r.get("resources") != ["pods/exec"]
+    ]
+    replace(without)
+    try:
+
+        def refused() -> str | None:
+            ran = kubectl.run(
+                SOURCE, "exec", POD, "-n", namespace, "-c", "main", "--", "true", check=False
+            )
+            return ran.stderr if 'resource "pods/exec"' in ran.stderr else None
+
+        said = wait_for(refused, 30, what="exec refused by the target")
+        assert "target c2: pods " in said
+        assert "is forbidden" in said
+    finally:
+        replace(rules)
+
+
 # -- who may call -------------------------------------------------------------------------------
 
 
@@ -435,3 +469,38 @@ def test_spdy_clients_exec_too(placed, kubectl: Kubectl, testbed: TestBed, insta
     assert done.returncode == 0, done.stderr
     log = "".join(installation.agent_log(a) for a in installation.agents[SOURCE])
     assert "protocol=v4.channel.k8s.io (SPDY) upstream=v5.channel.k8s.io" in log
+
+
+def test_the_agent_approves_only_its_own_certificate_requests(
+    installation, kubectl: Kubectl, testbed: TestBed
+):
+    """The chart's policy: a request made by someone else (a real node's, say) is not the
+    agent's to approve, whatever its RBAC allows."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from multicluster_scheduler.virtual_kubelet.serving import certificate_request
+
+    pem = certificate_request(ec.generate_private_key(ec.SECP256R1()), "a-real-node", ["10.1.2.3"])
+    name = f"someone-else-{time.monotonic_ns()}"
+    csr = {
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"name": name},
+        "spec": {
+            "request": base64.b64encode(pem).decode(),
+            "signerName": "kubernetes.io/kubelet-serving",
+            "usages": ["digital signature", "server auth"],
+        },
+    }
+    kubectl.apply(SOURCE, csr)
+    try:
+        agent = str(testbed[SOURCE].dir / "agent.kubeconfig")
+        approved = kubectl.run(
+            SOURCE, "--kubeconfig", agent, "certificate", "approve", name, check=False
+        )
+        assert approved.returncode != 0
+        assert "approves only the certificate requests it made" in approved.stderr
+        conditions = kubectl.json(SOURCE, "get", "csr", name).get("status", {}).get("conditions")
+        assert not conditions
+    finally:
+        kubectl(SOURCE, "delete", "csr", name, "--ignore-not-found")

@@ -19,7 +19,7 @@ import orjson
 
 from . import metrics
 from .config import ClusterConfig
-from .errors import NotFound, Unreachable, error_for
+from .errors import ApiError, NotFound, Unreachable, error_for
 from .ratelimit import TokenBucket
 from .resources import PODS, Resource
 
@@ -411,9 +411,25 @@ class Client:
         except aiohttp.WSServerHandshakeError as e:
             if e.status == 401:
                 await self.config.refresh_token(force=True)
-            raise error_for(e.status, e.message, f"{path} on {self.name}") from e
+            raise await self._refusal(path, params, e) from e
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise Unreachable(f"{path} on {self.name}: {describe(e)}") from e
+
+    async def _refusal(
+        self, path: str, params: Any, handshake: aiohttp.WSServerHandshakeError
+    ) -> ApiError:
+        """The error of a refused WebSocket, with the server's words: aiohttp keeps only the
+        status of the handshake, so the same request is made without the upgrade (the API
+        server checks access and options before it looks for one)."""
+        context = f"{path} on {self.name}"
+        if handshake.status >= 400:
+            try:
+                await self.request("GET", path, params=params)
+            except ApiError as probe:
+                message = (probe.body or {}).get("message") or ""
+                if probe.status == handshake.status and "upgrade" not in message.lower():
+                    return error_for(probe.status, probe.body, context)
+        return error_for(handshake.status, handshake.message, context)
 
     async def log(
         self, name: str, namespace: str, *, container: str | None = None, **params: Any
@@ -431,9 +447,12 @@ def _bool(value: bool | None) -> str | None:
     return None if value is None else ("true" if value else "false")
 
 
-def _query(params: dict[str, Any] | None) -> dict[str, str] | None:
+def _query(params: Any) -> Any:
+    """Query parameters as strings; a list of pairs (repeated keys) passes as it is."""
     if not params:
         return None
+    if not isinstance(params, dict):
+        return params
     return {
         k: (_bool(v) if isinstance(v, bool) else str(v)) for k, v in params.items() if v is not None
     }

@@ -87,7 +87,7 @@ class AgentSettings(BaseModel):
         default_factory=lambda: os.environ.get("POD_IP") or "127.0.0.1",
         description="address virtual nodes advertise (the agent's pod IP)",
     )
-    kubelet_host: str = "0.0.0.0"
+    kubelet_host: str = Field("", description="listen address of the kubelet API (all: '')")
     kubelet_port: int = Field(10250, ge=1, le=65535)
     kubelet_serving_signer: str = Field(
         "kubernetes.io/kubelet-serving",
@@ -193,7 +193,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=env("node-address"),
         help="address of virtual nodes (default: $POD_IP)",
     )
-    add("--kubelet-host", default=env("kubelet-host", "0.0.0.0"))
+    add(
+        "--kubelet-host",
+        default=env("kubelet-host", ""),
+        help="listen address of the kubelet API (default: every address, IPv4 and IPv6)",
+    )
     add(
         "--kubelet-port",
         default=env("kubelet-port", "10250"),
@@ -387,6 +391,7 @@ async def run(settings: AgentSettings) -> None:
             cert_dir=Path(scratch) / "kubelet",
             ca=certificates.ca if settings.self_managed_certificates else None,
             leading=lambda: manager.is_leader,
+            cluster_name=cluster_name,
         )
         manager.add_runnable(kubelet_api.run, needs_leader=False)
         manager.add_readiness_check(

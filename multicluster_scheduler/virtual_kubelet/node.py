@@ -132,6 +132,11 @@ def status_differs(current: dict | None, desired: dict) -> bool:
     if current is None:
         return True
 
+    # API servers before 1.35 (and 1.35 without the NodeDeclaredFeatures gate) drop
+    # declaredFeatures: compared only where the server keeps it, or every pass would rewrite
+    # the status for a field that never sticks. (Where it is new, the periodic write adds it.)
+    features_kept = "declaredFeatures" in current
+
     def essence(status: dict) -> tuple:
         conditions = sorted(
             (c.get("type"), c.get("status"), c.get("reason"), c.get("message") or "")
@@ -143,7 +148,7 @@ def status_differs(current: dict | None, desired: dict) -> bool:
             conditions,
             status.get("addresses") or [],
             status.get("daemonEndpoints") or {},
-            status.get("declaredFeatures") or [],
+            (status.get("declaredFeatures") or []) if features_kept else None,
         )
 
     return essence(current) != essence(desired)

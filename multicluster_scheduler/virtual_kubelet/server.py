@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 import re
 import ssl
@@ -41,7 +40,7 @@ from yarl import URL
 from multicluster import ApiError, Client, NotFound, Unreachable, metrics
 from multicluster.resources import CONFIGMAPS, PODS, Resource
 
-from ..api.proxy import is_deleting
+from ..api.proxy import is_deleting, parent_cluster
 from ..targets.registry import TargetConnection, TargetRegistry
 from ..webhook.certificates import new_ca
 from . import spdy
@@ -233,7 +232,9 @@ class KubeletServer:
         host: str,
         port: int,
         leading: Callable[[], bool] = lambda: True,
+        cluster_name: str | None = None,
     ) -> None:
+        self.cluster_name = cluster_name
         self.proxies = proxies
         self.registry = registry
         self.authorizer = authorizer
@@ -243,6 +244,8 @@ class KubeletServer:
         self.started = False
         self._runner: web.AppRunner | None = None
         self._spdy_tasks: set[asyncio.Task] = set()
+        self._listener: asyncio.Server | None = None
+        self.context: ssl.SSLContext | None = None
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._authenticate])
@@ -255,33 +258,52 @@ class KubeletServer:
         return app
 
     async def serve(self, context: ssl.SSLContext) -> None:
-        """Serve until cancelled."""
+        """Serve until cancelled (an OSError if the port cannot be had)."""
+        self.context = context
         # Handlers are cancelled when their caller leaves: a followed log that is quiet would
-        # otherwise hold its stream from the target until the next line.
+        # otherwise hold its stream from the target until the next line. Streams still open
+        # at shutdown get a moment, not aiohttp's minute (twice).
         self._runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, handler_cancellation=True
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=SHUTDOWN_TIMEOUT,
         )
         await self._runner.setup()
-        http = self._runner.server
-        assert http is not None
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: _Front(http, self._spdy_upgrade),
-            self.host,
-            self.port,
-            ssl=context,
-            ssl_handshake_timeout=10.0,
-        )
-        self.started = True
-        log.info("kubelet API serving on %s:%d", self.host, self.port)
         try:
+            self._listener = await self._listen()
+            self.started = True
+            log.info("kubelet API serving on %s:%d", self.host or "*", self.port)
             await asyncio.Event().wait()
         finally:
             self.started = False
-            server.close()
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
             for task in list(self._spdy_tasks):
                 task.cancel()
             await self._runner.cleanup()
+
+    async def _listen(self) -> asyncio.Server:
+        http = self._runner.server if self._runner else None
+        assert http is not None
+        assert self.context is not None
+        return await asyncio.get_running_loop().create_server(
+            lambda: _Front(http, self._spdy_upgrade),
+            self.host or None,  # "": every address, IPv4 and IPv6
+            self.port,
+            ssl=self.context,
+            ssl_handshake_timeout=10.0,
+        )
+
+    async def use_context(self, context: ssl.SSLContext) -> None:
+        """Serve new connections with ``context`` (a new client CA): the listener is replaced;
+        connections already open go on."""
+        self.context = context
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = await self._listen()
 
     # -- authentication and authorization ------------------------------------------------------
 
@@ -292,7 +314,7 @@ class KubeletServer:
         transport = request.transport
         user, groups = user_of(transport.get_extra_info("peercert") if transport else None)
         if self.authorizer is not None:
-            verb = "get" if request.method in ("GET", "HEAD") else "create"
+            verb = _verb(request.method, request.path)
             refusal = await self.authorizer.refusal(user, groups, verb)
             if refusal is not None:
                 log.warning("kubelet API request refused path=%s: %s", request.path, refusal)
@@ -328,7 +350,15 @@ class KubeletServer:
                 "ServiceUnavailable",
             )
         uid = proxy["metadata"]["uid"]
-        delegates = [d for d in connection.delegates_of(uid) if not is_deleting(d)]
+        # Ours only: in this namespace, made for this cluster (a co-tenant of a shared target
+        # could label a pod with this uid; it would not get the session).
+        delegates = [
+            d
+            for d in connection.delegates_of(uid)
+            if not is_deleting(d)
+            and d["metadata"].get("namespace") == namespace
+            and (self.cluster_name is None or parent_cluster(d) == self.cluster_name)
+        ]
         if not delegates:
             why = (
                 f" (target {connection.name} is not ready: {connection.message})"
@@ -452,7 +482,7 @@ class KubeletServer:
                 located.target,
                 protocol,
             )
-            await _relay(inbound, upstream)
+            await _relay(inbound, upstream, protocol, located.target)
             return inbound
         finally:
             await upstream.close()
@@ -488,7 +518,7 @@ class KubeletServer:
         if self.authorizer is not None:
             peercert = session.transport.get_extra_info("peercert")
             user, groups = user_of(peercert)
-            verb = "get" if head.method == "GET" else "create"
+            verb = _verb(head.method, head.url.path)
             refusal = await self.authorizer.refusal(user, groups, verb)
             if refusal is not None:
                 log.warning("kubelet API request refused path=%s: %s", head.url.path, refusal)
@@ -534,7 +564,14 @@ class KubeletServer:
                 protocol,
                 upstream.protocol,
             )
-            await _bridge(session, upstream, head.url.query, tty=head.url.query.get("tty") in TRUE)
+            await _bridge(
+                session,
+                upstream,
+                head.url.query,
+                tty=head.url.query.get("tty") in TRUE,
+                protocol=protocol,
+                target=located.target,
+            )
         finally:
             await upstream.close()
             await session.close()
@@ -569,29 +606,56 @@ class KubeletServer:
             )
 
 
-async def _relay(inbound: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse) -> None:
-    """Frames both ways until either side closes; then the other is closed too."""
+def lost(target: str) -> str:
+    return (
+        f"the stream from target {target} ended before the command's status came (the "
+        "connection to the target was lost)"
+    )
 
-    async def pump(source, sink) -> None:
+
+async def _relay(
+    inbound: web.WebSocketResponse,
+    upstream: aiohttp.ClientWebSocketResponse,
+    protocol: str = "v5.channel.k8s.io",
+    target: str = "",
+) -> None:
+    """Frames both ways until either side closes; then the other is closed too. A target that
+    ends without the command's status (from v4 on, it always sends one) lost its connection:
+    the caller is told so, not left to believe the command succeeded."""
+    said = False  # the target sent the error channel: the command's status
+
+    async def pump(source, sink, down: bool) -> None:
+        nonlocal said
         async for message in source:
             if message.type == aiohttp.WSMsgType.BINARY:
+                said = said or (down and message.data[:1] == b"\x03")
                 await sink.send_bytes(message.data)
             elif message.type == aiohttp.WSMsgType.TEXT:
+                said = said or (down and message.data[:1] == "3")
                 await sink.send_str(message.data)
             elif message.type in (aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSE):
                 break
 
-    down = asyncio.create_task(pump(upstream, inbound))
-    up = asyncio.create_task(pump(inbound, upstream))
+    down = asyncio.create_task(pump(upstream, inbound, True))
+    up = asyncio.create_task(pump(inbound, upstream, False))
     try:
         await asyncio.wait((down, up), return_when=asyncio.FIRST_COMPLETED)
     finally:
+        target_ended = down.done() and not up.done()
         for task in (down, up):
             task.cancel()
         for task in (down, up):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await upstream.close()
+        abnormal = upstream.close_code not in (None, aiohttp.WSCloseCode.OK)
+        if target_ended and not said and (protocol.startswith(("v4.", "v5.")) or abnormal):
+            frame = status_frame(protocol, lost(target), "InternalError", 500)
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                if isinstance(frame, bytes):
+                    await inbound.send_bytes(frame)
+                else:
+                    await inbound.send_str(frame)
         # A normal close whatever the upstream's ending (1006 when its connection just ended):
         # what the command said, exit code included, has gone through the error channel.
         await inbound.close(code=aiohttp.WSCloseCode.OK)
@@ -611,6 +675,14 @@ async def _refuse(request: web.Request, protocol: str, error: KubeletError) -> w
         await ws.send_str(frame)
     await ws.close()
     return ws
+
+
+def _verb(method: str, path: str) -> str:
+    """What a caller must be allowed on ``nodes/proxy``: ``create`` to run or attach to
+    anything (whether the upgrade came as GET or POST), ``get`` to read logs."""
+    if _kind(path) in ("exec", "attach") or method not in ("GET", "HEAD"):
+        return "create"
+    return "get"
 
 
 def _kind(path: str) -> str:
@@ -634,6 +706,7 @@ SPDY_PATH = re.compile(r"/(exec|attach)/([^/]+)/([^/]+)/([^/]+)")
 SPDY_PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
 STREAM_WAIT = 30.0  # how long the client has to open its streams, as a kubelet gives it
 MAX_HEAD = 64 * 1024
+MAX_RESIZE = 4096  # bytes of one terminal size on the SPDY resize stream
 
 
 @dataclass(frozen=True)
@@ -716,6 +789,8 @@ async def _bridge(
     query: Any,
     *,
     tty: bool,
+    protocol: str = "v4.channel.k8s.io",
+    target: str = "",
 ) -> None:
     """The client's SPDY streams to the target's WebSocket channels and back, until either
     side ends."""
@@ -738,19 +813,20 @@ async def _bridge(
 
     async def client_to_target(stream: spdy.Stream) -> None:
         channel = 0 if stream.kind == "stdin" else 4
-        decoder, pending = json.JSONDecoder(), ""
+        pending = b""
         async for chunk in stream.chunks():
             if channel == 0:
                 await upstream.send_bytes(b"\x00" + chunk)
                 continue
-            pending += chunk.decode(errors="replace")  # resize: a stream of JSON objects
-            while pending.strip():
-                try:
-                    size, end = decoder.raw_decode(pending.lstrip())
-                except ValueError:
-                    break
-                pending = pending.lstrip()[end:]
-                await upstream.send_bytes(b"\x04" + orjson.dumps(size))
+            # resize: one JSON object per line ({"Width":80,"Height":24}); a line that never
+            # ends is not a terminal size, and is not kept either.
+            *sizes, pending = (pending + chunk).split(b"\n")
+            if len(pending) > MAX_RESIZE:
+                log.info("SPDY resize stream closed: a line over %d bytes", MAX_RESIZE)
+                return
+            for size in sizes:
+                if size.strip():
+                    await upstream.send_bytes(b"\x04" + size.strip())
         if channel == 0 and upstream.protocol == "v5.channel.k8s.io":
             await upstream.send_bytes(b"\xff\x00")  # stdin ended
 
@@ -767,7 +843,10 @@ async def _bridge(
         return
     channels = {1: "stdout", 2: "stderr", 3: "error"}
 
+    said = False  # the target sent the command's status
+
     async def target_to_client() -> None:
+        nonlocal said
         async for message in upstream:
             if message.type != aiohttp.WSMsgType.BINARY or not message.data:
                 continue
@@ -778,6 +857,7 @@ async def _bridge(
                     await stream.close()
                 continue
             stream = streams.get(channels.get(data[0], ""))
+            said = said or data[0] == 3
             if stream is not None and len(data) > 1:
                 await stream.write(data[1:])
 
@@ -785,6 +865,12 @@ async def _bridge(
     gone = asyncio.create_task(session.closed.wait())
     try:
         await asyncio.wait((down, gone), return_when=asyncio.FIRST_COMPLETED)
+        abnormal = upstream.close_code not in (None, aiohttp.WSCloseCode.OK)
+        ended = down.done() and not session.closed.is_set()
+        if ended and not said and (protocol == "v4.channel.k8s.io" or abnormal):
+            frame = status_frame(protocol, lost(target), "InternalError", 500)
+            assert isinstance(frame, bytes)
+            await streams["error"].write(frame[1:])
     finally:
         for task in (down, gone, *pumps):
             task.cancel()
@@ -808,7 +894,8 @@ CLIENT_CA_NAMESPACE = "kube-system"
 CLIENT_CA_CONFIGMAP = "extension-apiserver-authentication"
 CLIENT_CA_KEY = "client-ca-file"
 RETRY = 10.0
-CLIENT_CA_REFRESH = 600.0
+CLIENT_CA_FILE_CHECK = 60.0
+SHUTDOWN_TIMEOUT = 1.0
 
 
 class KubeletApi:
@@ -831,6 +918,7 @@ class KubeletApi:
         cert_dir: Any,
         ca: Any,
         leading: Callable[[], bool],
+        cluster_name: str | None = None,
     ) -> None:
         self.client = client
         self.address = address
@@ -840,7 +928,13 @@ class KubeletApi:
         self.cert_dir = cert_dir
         self.ca = ca
         self.server = KubeletServer(
-            proxies, registry, Authorizer(client), host=host, port=port, leading=leading
+            proxies,
+            registry,
+            Authorizer(client),
+            host=host,
+            port=port,
+            leading=leading,
+            cluster_name=cluster_name,
         )
         self.certificates: KubeletCertificates | None = None
 
@@ -864,12 +958,14 @@ class KubeletApi:
             addresses=[self.address],
             signer=self.signer,
             cert_dir=self.cert_dir,
-            ca=self.ca or new_ca(f"{self.node_name}-kubelet-ca"),
+            ca=self.ca or new_ca("multicluster-scheduler-kubelet-ca"),
         )
         await self.certificates.obtain()
         certificates = self.certificates
         context = server_context(certificates.cert_file, certificates.key_file, client_ca)
-        certificates.on_reload(lambda cert, key: context.load_cert_chain(cert, key))
+        certificates.on_reload(
+            lambda cert, key: (self.server.context or context).load_cert_chain(cert, key)
+        )
         log.info(
             "kubelet API certificate issued by %s%s",
             certificates.issuer,
@@ -886,36 +982,75 @@ class KubeletApi:
                 log.error("kubelet API not served yet (logs, exec and attach): %s", e)
                 await asyncio.sleep(RETRY)
         assert self.certificates is not None
-        renew = asyncio.create_task(self.certificates.renew_forever())
-        trust = asyncio.create_task(self._trust_new_client_cas(context, client_ca))
+        background = [
+            asyncio.create_task(_logged(self.certificates.renew_forever(), "certificate renewal")),
+            asyncio.create_task(_logged(self._follow_client_ca(client_ca), "client CA")),
+        ]
         try:
             while True:
                 try:
-                    await self.server.serve(context)
+                    await self.server.serve(self.server.context or context)
                 except OSError as e:
                     log.error(
                         "kubelet API cannot listen on %s:%d: %s",
-                        self.server.host,
+                        self.server.host or "*",
                         self.server.port,
                         e,
                     )
                     await asyncio.sleep(RETRY)
         finally:
-            for task in (renew, trust):
+            for task in background:
                 task.cancel()
 
-    async def _trust_new_client_cas(self, context: ssl.SSLContext, known: bytes) -> None:
+    async def _follow_client_ca(self, known: bytes) -> None:
+        """Trust the client CA the cluster publishes now, and only that one: a rotated-out CA
+        stops being trusted (its ConfigMap is watched; a file is looked at every minute)."""
         while True:
-            await asyncio.sleep(CLIENT_CA_REFRESH)
             try:
-                current = await self.client_ca()
+                async for current in self._client_cas():
+                    if current != known:
+                        await self._trust(current)
+                        known = current
+                continue  # the watch ended as watches do: again
             except (ApiError, Unreachable, KubeletError, OSError) as e:
-                log.warning("cannot read the client CA again: %s", e)
-                continue
-            if current != known:
-                context.load_verify_locations(cadata=current.decode())
-                known = current
-                log.info("kubelet API trusts the cluster's new client CA")
+                log.warning("cannot follow the client CA, retrying: %s", e)
+            await asyncio.sleep(RETRY)
+
+    async def _client_cas(self):
+        if self.client_ca_file:
+            while True:
+                await asyncio.sleep(CLIENT_CA_FILE_CHECK)
+                yield await asyncio.to_thread(_read, self.client_ca_file)
+        async for event in self.client.watch(
+            CONFIGMAPS,
+            CLIENT_CA_NAMESPACE,
+            field_selector=f"metadata.name={CLIENT_CA_CONFIGMAP}",
+            bookmarks=False,
+        ):
+            data = (event.get("object") or {}).get("data") or {}
+            if event.get("type") in ("ADDED", "MODIFIED") and data.get(CLIENT_CA_KEY):
+                yield data[CLIENT_CA_KEY].encode()
+
+    async def _trust(self, client_ca: bytes) -> None:
+        certificates = self.certificates
+        assert certificates is not None
+        try:
+            context = server_context(certificates.cert_file, certificates.key_file, client_ca)
+        except (ssl.SSLError, ValueError) as e:
+            log.error("the cluster's client CA is not usable, keeping the previous one: %s", e)
+            return
+        await self.server.use_context(context)
+        log.info("kubelet API trusts the cluster's current client CA")
+
+
+async def _logged(work, what: str) -> None:
+    """Run a background loop; say so if it ever fails (instead of a silent dead task)."""
+    try:
+        await work
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("kubelet API %s stopped", what)
 
 
 def _read(path: Any) -> bytes:

@@ -64,12 +64,22 @@ class _NotSigned(Exception):
 # -- what is asked and what is answered (pure) -------------------------------------------------
 
 
+CN_PREFIX = "system:node:"
+MAX_CN = 64  # X.509's upper bound on a common name
+
+
 def kubelet_subject(node_name: str) -> x509.Name:
-    """The subject ``kubernetes.io/kubelet-serving`` requires: the node's user and group."""
+    """The subject ``kubernetes.io/kubelet-serving`` requires: the node's user and group. A name
+    too long for a common name (a release and pod name can be) is shortened with a hash; API
+    servers check a kubelet certificate's addresses, never its common name."""
+    room = MAX_CN - len(CN_PREFIX)
+    if len(node_name) > room:
+        digest = hashlib.sha256(node_name.encode()).hexdigest()[:16]
+        node_name = f"{node_name[: room - len(digest) - 1]}-{digest}"
     return x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node_name}"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"{CN_PREFIX}{node_name}"),
         ]
     )
 

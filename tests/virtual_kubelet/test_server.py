@@ -168,8 +168,12 @@ def test_virtual_nodes_declare_websocket_streaming_and_a_change_of_port_is_writt
     assert not status_differs(
         status, node_status(None, True, "", "", address="10.0.0.5", port=10250)
     )
-    older = {k: v for k, v in status.items() if k != "declaredFeatures"}
-    assert status_differs(older, status)
+    # A server that drops the field (before 1.35) is not rewritten for it at every pass...
+    dropped = {k: v for k, v in status.items() if k != "declaredFeatures"}
+    assert not status_differs(dropped, status)
+    # ...but one that keeps it is told of a change.
+    off = node_status(None, True, "", "", address="10.0.0.5", port=10250, features=[])
+    assert status_differs(status, off)
 
 
 def _accepts(server: ssl.SSLContext, client: ssl.SSLContext) -> bool:
@@ -257,3 +261,74 @@ def new_client_certificate(ca):
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), pem)
+
+
+def test_only_this_clusters_delegate_in_the_pods_namespace_gets_the_session():
+    def made(name: str, cluster: str, namespace: str = "ns") -> dict:
+        pod = delegate(name, "u1")
+        pod["metadata"]["namespace"] = namespace
+        pod["metadata"]["annotations"] = {"multicluster.admiralty.io/parent-cluster-name": cluster}
+        return pod
+
+    c2 = connected("c2", made("planted", "other"), made("elsewhere", "me", "ns2"), made("p", "me"))
+    api = server(Proxies(proxy("p", c2.node_name)), c2)
+    api.cluster_name = "me"
+    assert api.locate("ns", "p").name == "p"
+    c2.delegates = Delegates(made("planted", "other"))  # type: ignore[assignment]
+    with pytest.raises(KubeletError, match="is not found in target c2"):
+        api.locate("ns", "p")
+
+
+async def test_a_new_client_ca_replaces_the_old_for_new_connections(tmp_path):
+    import asyncio
+
+    from multicluster_scheduler.virtual_kubelet.server import server_context
+    from multicluster_scheduler.webhook.certificates import new_ca, new_serving_certificate
+
+    old_ca, new_ca_pair, serving_ca = new_ca("old"), new_ca("new"), new_ca("serving")
+    serving = new_serving_certificate(serving_ca, ["127.0.0.1"])
+    (tmp_path / "tls.crt").write_bytes(serving.cert_pem)
+    (tmp_path / "tls.key").write_bytes(serving.key_pem)
+
+    def context_for(ca) -> ssl.SSLContext:
+        return server_context(tmp_path / "tls.crt", tmp_path / "tls.key", ca.cert_pem)
+
+    def client_of(ca) -> ssl.SSLContext:
+        pair = new_client_certificate(ca)
+        (tmp_path / "c.crt").write_bytes(pair.cert_pem)
+        (tmp_path / "c.key").write_bytes(pair.key_pem)
+        made = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        made.check_hostname, made.verify_mode = False, ssl.CERT_NONE
+        made.load_cert_chain(tmp_path / "c.crt", tmp_path / "c.key")
+        return made
+
+    async def healthy(context: ssl.SSLContext) -> bool:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = await reader.read()
+            writer.close()
+            return answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
+        except (ssl.SSLError, ConnectionError):
+            return False
+
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    api = KubeletServer(Proxies(), TargetRegistry(), None, host="127.0.0.1", port=port)
+    serving_task = asyncio.create_task(api.serve(context_for(old_ca)))
+    for _ in range(100):
+        if api.started:
+            break
+        await asyncio.sleep(0.02)
+    old_client, new_client = client_of(old_ca), client_of(new_ca_pair)
+    assert await healthy(old_client)
+    assert not await healthy(new_client)
+    await api.use_context(context_for(new_ca_pair))
+    assert await healthy(new_client)
+    assert not await healthy(old_client), "the rotated-out CA is trusted no more"
+    serving_task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await serving_task

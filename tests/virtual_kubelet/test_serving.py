@@ -26,6 +26,7 @@ from multicluster_scheduler.virtual_kubelet.serving import (
     csr_name,
     csr_object,
     issued_certificate,
+    kubelet_subject,
     refusal,
     serving_pair,
 )
@@ -264,3 +265,21 @@ async def test_without_a_ca_to_fall_back_on_it_says_why(tmp_path):
 def test_at_least_one_address_is_needed(tmp_path):
     with pytest.raises(ValueError, match="address"):
         certificates(tmp_path, ca=None, addresses=[])
+
+
+def test_a_chart_shaped_name_fits_a_common_name():
+    subject_of, Oid = kubelet_subject, NameOID
+    # The chart's release full name and a Deployment's pod name, as the agent joins them.
+    name = "multicluster-scheduler-multicluster-scheduler-7d9f8c6b5d-x2x9q"
+    common_name = subject_of(name).get_attributes_for_oid(Oid.COMMON_NAME)[0].value
+    assert len(common_name) <= 64
+    assert common_name.startswith("system:node:multicluster-scheduler-")
+    assert subject_of(name) == subject_of(name)
+    other = subject_of(name.replace("x2x9q", "z7k4p")).get_attributes_for_oid(Oid.COMMON_NAME)
+    assert other[0].value != common_name
+    short = subject_of("mcs-agent-0").get_attributes_for_oid(Oid.COMMON_NAME)[0].value
+    assert short == "system:node:mcs-agent-0"
+    request = x509.load_pem_x509_csr(
+        certificate_request(ec.generate_private_key(ec.SECP256R1()), name, ["10.0.0.1"])
+    )
+    assert request.subject.get_attributes_for_oid(Oid.COMMON_NAME)[0].value == common_name
