@@ -61,6 +61,18 @@ def placed(guide, regions, kubectl: Kubectl):  # noqa: F811
 
     proxy = wait_for(running, 60, what="the proxy pod Running")
     assert proxy["spec"]["nodeName"] == nodes[1], "placed in cluster2"
+    # The test bed's own promise: the delegate's fake node has an address and kwok's port.
+    delegate = kubectl.json(
+        TARGET,
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        f"multicluster.admiralty.io/parent-uid={proxy['metadata']['uid']}",
+    )["items"][0]
+    node = kubectl.json(TARGET, "get", "node", delegate["spec"]["nodeName"])
+    assert node["status"].get("addresses"), json.dumps(node, indent=1)
     return namespace, proxy, nodes[1]
 
 

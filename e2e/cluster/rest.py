@@ -27,12 +27,18 @@ class RestClient:
         self._ssl.load_cert_chain(str(cert), str(key))
 
     def request(
-        self, method: str, path: str, body: Any = None, *, timeout: float = 5.0
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        timeout: float = 5.0,
+        content_type: str = "application/json",
     ) -> tuple[int, bytes]:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.server + path, data=data, method=method)
         if data is not None:
-            req.add_header("Content-Type", "application/json")
+            req.add_header("Content-Type", content_type)
         try:
             with urllib.request.urlopen(req, context=self._ssl, timeout=timeout) as resp:
                 return resp.status, resp.read()

@@ -438,7 +438,22 @@ class Cluster:
             taints = (node.get("spec") or {}).get("taints") or ()
             if any(t["key"].startswith("node.kubernetes.io/") for t in taints):
                 return False
+            if not (node.get("status") or {}).get("addresses"):
+                self._readdress(node["metadata"]["name"])
+                return False
         return True
+
+    def _readdress(self, node: str) -> None:
+        """kwok can rewrite a node's status without its addresses when the control plane
+        restarts under it; API servers then cannot reach its kubelet (logs, exec). Its later
+        heartbeats keep addresses that are there."""
+        patch = {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}
+        self.rest.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}/status",
+            patch,
+            content_type="application/merge-patch+json",
+        )
 
     def wait_settled(self, timeout: float = 90.0) -> None:
         """Block until :meth:`settled` (from a thread when an event loop must keep running;
