@@ -185,26 +185,7 @@ def test_kubectl_exec_runs_there_with_output_and_exit_code(placed, kubectl: Kube
     assert ran.stdout == "in cluster2\n"
     assert ran.stderr.startswith("oops\n")
     assert "exit status 3" in ran.stderr
-    delegate = delegate_name(kubectl, namespace, proxy)
-    native = kubectl.run(
-        TARGET,
-        "exec",
-        delegate,
-        "-n",
-        namespace,
-        "-c",
-        "main",
-        "--",
-        "sh",
-        "-c",
-        script,
-        check=False,
-    )
-    assert (ran.stdout, unwrapped(ran.stderr), ran.returncode) == (
-        native.stdout,
-        unwrapped(native.stderr),
-        native.returncode,
-    )
+    assert_as_native(kubectl, namespace, proxy, script, ran)
     # Input (kwok's commands never see the end of it, natively either: read what is sent).
     echoed = kubectl.run(
         SOURCE,
@@ -229,6 +210,30 @@ def test_kubectl_exec_runs_there_with_output_and_exit_code(placed, kubectl: Kube
         SOURCE, "exec", "-i", POD, "-n", namespace, "--", "sh", "-c", count, stdin="x" * 1_000_000
     )
     assert big.stdout.strip() == "1000000"
+
+
+def assert_as_native(kubectl: Kubectl, namespace: str, proxy: dict, script: str, ran) -> None:
+    """``ran`` (the script through the proxy pod) said what the delegate says when asked in
+    cluster2 itself: output, error output and exit status."""
+    native = kubectl.run(
+        TARGET,
+        "exec",
+        delegate_name(kubectl, namespace, proxy),
+        "-n",
+        namespace,
+        "-c",
+        "main",
+        "--",
+        "sh",
+        "-c",
+        script,
+        check=False,
+    )
+    assert (ran.stdout, unwrapped(ran.stderr), ran.returncode) == (
+        native.stdout,
+        unwrapped(native.stderr),
+        native.returncode,
+    )
 
 
 def unwrapped(stderr: str) -> str:
@@ -453,25 +458,7 @@ def test_spdy_clients_exec_too(placed, kubectl: Kubectl, testbed: TestBed, insta
         kubectl, "exec", POD, "-n", namespace, "-c", "main", "--", "sh", "-c", script
     )
     assert ran.stdout == "in cluster2\n"
-    native = kubectl.run(
-        TARGET,
-        "exec",
-        delegate_name(kubectl, namespace, proxy),
-        "-n",
-        namespace,
-        "-c",
-        "main",
-        "--",
-        "sh",
-        "-c",
-        script,
-        check=False,
-    )
-    assert (ran.stdout, unwrapped(ran.stderr), ran.returncode) == (
-        native.stdout,
-        unwrapped(native.stderr),
-        native.returncode,
-    )
+    assert_as_native(kubectl, namespace, proxy, script, ran)
     count = "head -c 1000000 | wc -c"
     big = spdy_kubectl(
         kubectl, "exec", "-i", POD, "-n", namespace, "--", "sh", "-c", count, stdin="x" * 1_000_000

@@ -42,9 +42,9 @@ from .sources.controller import finalizer_cleanup_controller, sources_controller
 from .summary.controller import summary_controller
 from .targets.controller import targets_controller
 from .targets.registry import TargetRegistry
+from .virtual_kubelet.kubelet import KubeletApi
 from .virtual_kubelet.loop import VirtualKubelet, release_owner
 from .virtual_kubelet.pods import PodSync
-from .virtual_kubelet.server import KubeletApi
 from .webhook.app import smaller_tls_buffers
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
 from .webhook.server import WebhookProcess, WebhookServer

@@ -10,7 +10,7 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from multicluster_scheduler.virtual_kubelet.server import _relay
+from multicluster_scheduler.virtual_kubelet.channels import relay
 
 EXIT_3 = bytes([3]) + orjson.dumps(
     {
@@ -50,7 +50,7 @@ async def test_frames_pass_both_ways_and_the_exit_status_arrives():
             )
             inbound = web.WebSocketResponse(protocols=(upstream.protocol,))
             await inbound.prepare(request)
-            await _relay(inbound, upstream)
+            await relay(inbound, upstream)
             return inbound
 
         kubelet_app = web.Application()
@@ -89,7 +89,7 @@ async def test_the_caller_leaving_closes_the_far_side():
             upstream = await session.ws_connect(target_server.make_url("/attach"))
             inbound = web.WebSocketResponse()
             await inbound.prepare(request)
-            await _relay(inbound, upstream)
+            await relay(inbound, upstream)
             return inbound
 
         kubelet_app = web.Application()
@@ -116,7 +116,7 @@ async def relayed_from(target_handler, protocol: str = "v5.channel.k8s.io") -> l
             )
             inbound = web.WebSocketResponse(protocols=(protocol,))
             await inbound.prepare(request)
-            await _relay(inbound, upstream, protocol, "c2")
+            await relay(inbound, upstream, protocol, "c2")
             return inbound
 
         kubelet_app = web.Application()

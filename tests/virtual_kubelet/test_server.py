@@ -10,16 +10,10 @@ import pytest
 from multidict import MultiDict
 
 from multicluster_scheduler.targets.registry import TargetConnection, TargetRegistry
+from multicluster_scheduler.virtual_kubelet.access import server_context, user_of
+from multicluster_scheduler.virtual_kubelet.channels import log_params, status_frame, stream_params
 from multicluster_scheduler.virtual_kubelet.node import node_status, status_differs
-from multicluster_scheduler.virtual_kubelet.server import (
-    KubeletError,
-    KubeletServer,
-    _text,
-    log_params,
-    status_frame,
-    stream_params,
-    user_of,
-)
+from multicluster_scheduler.virtual_kubelet.server import KubeletError, KubeletServer, _text
 
 
 def test_user_and_groups_come_from_the_certificate_subject():
@@ -203,7 +197,6 @@ def _accepts(server: ssl.SSLContext, client: ssl.SSLContext) -> bool:
 def test_tls_requires_a_client_certificate_of_the_client_ca_and_trusts_nothing_else(
     tmp_path, monkeypatch
 ):
-    from multicluster_scheduler.virtual_kubelet.server import server_context
     from multicluster_scheduler.webhook.certificates import new_ca, new_serving_certificate
 
     client_ca, serving_ca, public_ca = new_ca("client-ca"), new_ca("serving"), new_ca("public")
@@ -282,7 +275,6 @@ def test_only_this_clusters_delegate_in_the_pods_namespace_gets_the_session():
 async def test_a_new_client_ca_replaces_the_old_for_new_connections(tmp_path):
     import asyncio
 
-    from multicluster_scheduler.virtual_kubelet.server import server_context
     from multicluster_scheduler.webhook.certificates import new_ca, new_serving_certificate
 
     old_ca, new_ca_pair, serving_ca = new_ca("old"), new_ca("new"), new_ca("serving")
