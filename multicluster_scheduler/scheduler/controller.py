@@ -33,6 +33,7 @@ from multicluster import (
     NotFound,
     Request,
     Result,
+    Unreachable,
     remove_finalizer,
 )
 from multicluster.events import EventRecorder
@@ -316,7 +317,7 @@ class Scheduler:
             live.sort(key=lambda cd: (not _scheduled(cd[1]), cd[1]["metadata"]["name"]))
             mine, extra = live[:1], live[1:]
         for connection, delegate in extra:
-            await connection.delete_delegate(delegate, "an extra delegate of this pod")
+            await _delete(connection, delegate, "an extra delegate of this pod")
         if mine:
             return await self._verify(proxy, *mine[0])
         if placement is not None:
@@ -325,7 +326,7 @@ class Scheduler:
             if connection is not None and connection.cluster is not None:
                 if waited < self.verify_timeout:
                     return Result(requeue_after=self.verify_timeout - waited)
-                await connection.delete_delegate(_named(proxy, placement.delegate), "never seen")
+                await _delete(connection, _named(proxy, placement.delegate), "never seen")
             self._exclude(uid, placement.node, "the delegate never appeared in the target")
         return await self._place(request, proxy)
 
@@ -360,7 +361,7 @@ class Scheduler:
                     )
                 return Result(requeue_after=self.verify_timeout - waited)
             why = f"{connection.name}: no scheduling decision within {self.verify_timeout:g}s"
-        await connection.delete_delegate(delegate, "its target could not schedule it")
+        await _delete(connection, delegate, "its target could not schedule it")
         self._exclude(uid, connection.node_name, why)
         self.events.emit(
             pod_reference(proxy),
@@ -517,11 +518,12 @@ class Scheduler:
         if placement is not None and not any(d for c, d in found if c.node_name == placement.node):
             connection = self.registry.by_node(placement.node)
             if connection is not None and connection.cluster is not None:
-                await connection.delete_delegate(_named(proxy, placement.delegate), "never seen")
+                await _delete(connection, _named(proxy, placement.delegate), "never seen")
         for connection, delegate in found:
             if not is_deleting(delegate):
-                await connection.delete_delegate(delegate, "its proxy pod is deleted")
-        if found:
+                await _delete(connection, delegate, "its proxy pod is deleted")
+        # Delegates in a target away past its failover setting are not waited for.
+        if any(connection.failover_in() != 0 for connection, _ in found):
             return Result(requeue_after=2.0)
         self.unschedulable.discard(request)
         self._forget(uid)
@@ -539,3 +541,22 @@ def _scheduled(delegate: dict) -> bool:
         return True
     condition = pod_condition(delegate, "PodScheduled")
     return bool(condition and condition.get("status") == "True")
+
+
+async def _delete(connection: TargetConnection, delegate: dict, why: str) -> None:
+    """Delete a delegate. One in a target away past its failover setting is left for when the
+    target is back (its proxy pod is placed elsewhere or gone by then, and the orphan controller
+    deletes it): waiting would hold the pod for as long as the target stays away."""
+    try:
+        await connection.delete_delegate(delegate, why)
+    except Unreachable:
+        if connection.failover_in() != 0:
+            raise
+        log.info(
+            "delegate left in failed-over target for when it is back namespace=%s name=%s "
+            "target=%s reason=%r",
+            delegate["metadata"].get("namespace"),
+            delegate["metadata"].get("name"),
+            connection.node_name,
+            why,
+        )
