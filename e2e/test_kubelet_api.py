@@ -144,17 +144,7 @@ def test_a_self_targets_delegate_too(placed, kubectl: Kubectl):
 
 def test_kubectl_logs_follow_streams_new_lines(placed, kubectl: Kubectl, testbed: TestBed):
     namespace, _, _ = placed
-    argv = [str(kubectl.bin_dir / "kubectl"), "--context", SOURCE]
-    follow = subprocess.Popen(
-        [*argv, "logs", "-f", POD, "-c", "main", "-n", namespace],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=kubectl.env(),
-    )
-    seen: list[str] = []
-    reader = threading.Thread(target=lambda: seen.extend(follow.stdout), daemon=True)
-    reader.start()
+    follow, seen = streaming(kubectl, "logs", "-f", POD, "-c", "main", "-n", namespace)
     try:
         wait_for(lambda: "cluster2 line 3\n" in seen, 20, what="the log so far")
         append(testbed, "cluster2 followed")
@@ -163,6 +153,17 @@ def test_kubectl_logs_follow_streams_new_lines(placed, kubectl: Kubectl, testbed
     finally:
         follow.kill()
         follow.wait()
+
+
+def streaming(kubectl: Kubectl, *args: str) -> tuple[subprocess.Popen, list[str]]:
+    """A kubectl that keeps running in cluster1, and the lines it has printed so far."""
+    argv = [str(kubectl.bin_dir / "kubectl"), "--context", SOURCE, *args]
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kubectl.env()
+    )
+    seen: list[str] = []
+    threading.Thread(target=lambda: seen.extend(process.stdout), daemon=True).start()
+    return process, seen
 
 
 def append(testbed: TestBed, line: str) -> None:
@@ -258,17 +259,7 @@ def delegate_name(kubectl: Kubectl, namespace: str, proxy: dict) -> str:
 
 def test_kubectl_attach_connects(placed, kubectl: Kubectl, testbed: TestBed):
     namespace, _, _ = placed
-    argv = [str(kubectl.bin_dir / "kubectl"), "--context", SOURCE]
-    attach = subprocess.Popen(
-        [*argv, "attach", POD, "-c", "main", "-n", namespace],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=kubectl.env(),
-    )
-    seen: list[str] = []
-    reader = threading.Thread(target=lambda: seen.extend(attach.stdout), daemon=True)
-    reader.start()
+    attach, seen = streaming(kubectl, "attach", POD, "-c", "main", "-n", namespace)
     said = iter(range(1000))
 
     def attached() -> bool:  # kwok attaches to what the container says from now on
