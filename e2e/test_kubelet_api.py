@@ -62,15 +62,7 @@ def placed(guide, regions, kubectl: Kubectl):  # noqa: F811
     proxy = wait_for(running, 60, what="the proxy pod Running")
     assert proxy["spec"]["nodeName"] == nodes[1], "placed in cluster2"
     # The test bed's own promise: the delegate's fake node has an address and kwok's port.
-    delegate = kubectl.json(
-        TARGET,
-        "get",
-        "pods",
-        "-n",
-        namespace,
-        "-l",
-        f"multicluster.admiralty.io/parent-uid={proxy['metadata']['uid']}",
-    )["items"][0]
+    delegate = delegates_of(kubectl, namespace, proxy)[0]
     node = kubectl.json(TARGET, "get", "node", delegate["spec"]["nodeName"])
     assert node["status"].get("addresses"), json.dumps(node, indent=1)
     return namespace, proxy, nodes[1]
@@ -243,16 +235,15 @@ def unwrapped(stderr: str) -> str:
     return re.sub(r"(Internal error occurred: )+", "", stderr)
 
 
-def delegate_name(kubectl: Kubectl, namespace: str, proxy: dict) -> str:
-    found = kubectl.json(
-        TARGET,
-        "get",
-        "pods",
-        "-n",
-        namespace,
-        "-l",
-        f"multicluster.admiralty.io/parent-uid={proxy['metadata']['uid']}",
+def delegates_of(kubectl: Kubectl, namespace: str, proxy: dict) -> list[dict]:
+    uid = proxy["metadata"]["uid"]
+    return kubectl.json(
+        TARGET, "get", "pods", "-n", namespace, "-l", f"multicluster.admiralty.io/parent-uid={uid}"
     )["items"]
+
+
+def delegate_name(kubectl: Kubectl, namespace: str, proxy: dict) -> str:
+    found = delegates_of(kubectl, namespace, proxy)
     assert len(found) == 1
     return found[0]["metadata"]["name"]
 
