@@ -12,11 +12,13 @@ from .controller import Controller
 from .errors import (
     AlreadyExists,
     ApiError,
+    BadResponse,
     Conflict,
     Forbidden,
     Gone,
     Invalid,
     NotFound,
+    ResponseTooLarge,
     Unauthorized,
     Unreachable,
 )
@@ -38,6 +40,7 @@ from .informer import (
 )
 from .leaderelection import LeaderElectionConfig, LeaderElector
 from .manager import LeadershipLost, Manager
+from .readlimits import CacheBudget, CacheFull, ReadLimits
 from .reconcile import Reconciler, Request, Result
 from .resources import Resource
 from .workqueue import WorkQueue
@@ -45,6 +48,9 @@ from .workqueue import WorkQueue
 __all__ = [
     "AlreadyExists",
     "ApiError",
+    "BadResponse",
+    "CacheBudget",
+    "CacheFull",
     "Client",
     "Cluster",
     "ClusterConfig",
@@ -66,9 +72,11 @@ __all__ = [
     "Manager",
     "NotFound",
     "ParentReferences",
+    "ReadLimits",
     "Reconciler",
     "Request",
     "Resource",
+    "ResponseTooLarge",
     "Result",
     "Unauthorized",
     "Unreachable",

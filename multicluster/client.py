@@ -4,10 +4,17 @@ The official client's generated models cost far too much per object for thousand
 objects stay the JSON the server sent. Every verb controllers need is here (get, paginated
 list, watch, create, update, the four patch types, delete, subresources), with typed errors and
 client-side QPS/burst limits like client-go's.
+
+The server may be anyone's (a kubeconfig in a Secret points wherever its writer likes), so every
+read is bounded: an answer by ``max_response_bytes``, a watch event by ``max_event_bytes``, all
+the pages of one list by ``max_list_bytes``. A list page over the limit is asked again with a
+smaller ``limit`` (big objects are legitimate) before the server is declared unusable. Watch
+lines are split as chunks come, in time linear in their size, however long a line is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -18,9 +25,19 @@ import aiohttp
 import orjson
 
 from . import metrics
+from .badanswers import BadAnswers
 from .config import ClusterConfig
-from .errors import ApiError, NotFound, Unreachable, error_for
+from .errors import (
+    ApiError,
+    BadResponse,
+    NotFound,
+    ResponseTooLarge,
+    Unreachable,
+    error_for,
+    status_of,
+)
 from .ratelimit import TokenBucket
+from .readlimits import SMALL, ReadLimits, Slot, holding
 from .resources import PODS, Resource
 
 
@@ -41,7 +58,22 @@ def describe(error: BaseException) -> str:
         return f"TLS failed: {error}"
     if isinstance(error, TimeoutError):
         return "no answer in time"
+    # The parser's messages quote what the server sent (a status line, a chunk header): an
+    # address that is not an API server would have its first bytes shown to whoever reads this.
+    if isinstance(error, aiohttp.ClientResponseError):
+        return "the answer is not valid HTTP (not quoted)"
+    if isinstance(error, aiohttp.ClientPayloadError):
+        return "the answer's body is malformed or cut short (not quoted)"
     return str(error) or type(error).__name__
+
+
+def size(n: int) -> str:
+    """Bytes in words: ``32 MiB``."""
+    for unit in ("bytes", "KiB", "MiB"):
+        if n < 1024 or n % 1024:
+            return f"{n} {unit}"
+        n //= 1024
+    return f"{n} GiB"
 
 
 log = logging.getLogger(__name__)
@@ -54,6 +86,18 @@ PATCH_CONTENT_TYPES = {
     "apply": "application/apply-patch+yaml",
 }
 USER_AGENT = "multicluster/0.1"
+
+MAX_RESPONSE_BYTES = 32 << 20
+"""One answer, a list page included: pages of big objects are asked again in smaller pages."""
+MAX_EVENT_BYTES = 8 << 20
+"""One watch event: an object is at most 1.5 MiB in etcd and 3 MiB in a request; its JSON with
+managed fields and status may be bigger, never near this."""
+MAX_LIST_BYTES = 256 << 20
+"""All pages of one list: a server whose pages never end is not an API server."""
+ERROR_BODY_BYTES = 1 << 20
+"""An error's body, read to find a Status in it (a Status is a few KiB at most)."""
+PAGE_SHRINK = 4
+"""How much smaller a page is asked again when it was over ``max_response_bytes``."""
 
 
 class Client:
@@ -68,11 +112,21 @@ class Client:
         burst: int = 100,
         timeout: float = 30.0,
         max_connections: int = 64,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        max_list_bytes: int = MAX_LIST_BYTES,
+        read_limits: ReadLimits | None = None,
     ) -> None:
         self.config = config
         self.name = name or config.server
         self.timeout = timeout
+        self.max_response_bytes = max_response_bytes
+        self.max_event_bytes = max_event_bytes
+        self.max_list_bytes = max_list_bytes
         self._limiter = TokenBucket(qps, burst)
+        self.bad_answers = BadAnswers(self.name)
+        self.read_limits = read_limits  # None: a trusted server, no slot for large answers
+        self._own_slot = asyncio.Lock()  # this client's one large answer at a time
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
@@ -129,8 +183,49 @@ class Client:
         content_type: str = "application/json",
         raw: bool = False,
         timeout: float | None = None,
+        max_bytes: int | None = None,
     ) -> Any:
-        """Send one request; return the decoded JSON body (or bytes when ``raw``)."""
+        """Send one request; return the decoded JSON body (or bytes when ``raw``). An answer
+        over ``max_bytes`` (default ``max_response_bytes``) raises :class:`ResponseTooLarge`;
+        any answer no API server gives pauses the server (:mod:`.badanswers`)."""
+        context = f"{method} {path} on {self.name}"
+        self.bad_answers.check(context)
+        try:
+            async with holding(self.read_limits, self._own_slot) as slot:
+                payload = await self._request(
+                    method,
+                    path,
+                    params=params,
+                    body=body,
+                    content_type=content_type,
+                    timeout=timeout,
+                    max_bytes=max_bytes,
+                    slot=slot,
+                )
+                if raw:
+                    return bytes(payload)
+                return self._json(payload, context)
+        except BadResponse as e:
+            if not raw:  # a log is data, not an API object: its size is the caller's choice
+                self.bad_answers.record(e)
+            raise
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None,
+        body: Any,
+        content_type: str,
+        timeout: float | None,
+        max_bytes: int | None,
+        slot: Slot | None = None,
+    ) -> bytearray:
+        """The body of a 2xx answer; raises the error of any other. Past :data:`SMALL` bytes,
+        the body is read only once ``slot`` is held (when the server is not trusted)."""
+        if max_bytes is None:
+            max_bytes = self.max_response_bytes
         await self.config.refresh_token()
         await self._limiter.acquire()
         data = None
@@ -149,8 +244,11 @@ class Client:
                     timeout=aiohttp.ClientTimeout(total=timeout or self.timeout),
                     server_hostname=self.config.tls_server_name,
                 ) as resp:
-                    payload = await resp.read()
                     status = resp.status
+                    if status >= 400:
+                        payload = await _read(resp, ERROR_BODY_BYTES)
+                    else:
+                        payload = await _read(resp, max_bytes, slot)
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 metrics.API_ERRORS.labels(self.name, "unreachable").inc()
                 raise Unreachable(f"{method} {path} on {self.name}: {describe(e)}") from e
@@ -163,9 +261,21 @@ class Client:
         if status >= 400:
             metrics.API_ERRORS.labels(self.name, str(status)).inc()
             raise error_for(status, _decode(payload), f"{method} {path} on {self.name}")
-        if raw:
-            return payload
-        return orjson.loads(payload) if payload else None
+        if payload is None:
+            metrics.API_ERRORS.labels(self.name, "too-large").inc()
+            raise ResponseTooLarge(
+                f"{method} {path} on {self.name}: the answer is over {size(max_bytes)}"
+                " (not read further)"
+            )
+        return payload
+
+    def _json(self, payload: bytes | bytearray, context: str) -> Any:
+        if not payload:
+            return None
+        try:
+            return orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise BadResponse(f"{context}: the answer is not JSON (not quoted)") from None
 
     # -- verbs --------------------------------------------------------------------------------
 
@@ -206,18 +316,79 @@ class Client:
         field_selector: str | None = None,
         limit: int = 500,
     ) -> AsyncIterator[dict]:
+        """The pages of a list, as the server sends them. A page over ``max_response_bytes``
+        is asked again with a quarter of the ``limit`` (and so are the pages after it), down
+        to one object; all pages together may not exceed ``max_list_bytes``."""
+        path = resource.path(namespace)
+        context = f"GET {path} on {self.name}"
+        self.bad_answers.check(context)
+        try:
+            async for page in self._pages(path, context, label_selector, field_selector, limit):
+                yield page
+        except BadResponse as e:
+            self.bad_answers.record(e)
+            raise
+
+    async def _pages(
+        self,
+        path: str,
+        context: str,
+        label_selector: str | None,
+        field_selector: str | None,
+        limit: int,
+    ) -> AsyncIterator[dict]:
         params: dict[str, Any] = {
             "labelSelector": label_selector,
             "fieldSelector": field_selector,
             "limit": limit,
         }
+        left = self.max_list_bytes
         while True:
-            page = await self.request("GET", resource.path(namespace), params=params)
-            yield page
+            async with holding(self.read_limits, self._own_slot) as slot:
+                per_page = min(self.max_response_bytes, left)
+                try:
+                    payload = await self._request(
+                        "GET",
+                        path,
+                        params=params,
+                        body=None,
+                        content_type="application/json",
+                        timeout=None,
+                        max_bytes=per_page,
+                        slot=slot,
+                    )
+                except ResponseTooLarge:
+                    if per_page < self.max_response_bytes:
+                        raise ResponseTooLarge(
+                            f"{context}: the list is over {size(self.max_list_bytes)}"
+                            " (not read further)"
+                        ) from None
+                    params["limit"] = self._smaller_pages(context, params["limit"], per_page)
+                    continue
+                left -= len(payload)
+                page = _list_page(self._json(payload, context), context)
+                del payload
+                yield page  # used while the slot is held
             token = page["metadata"].get("continue")
             if not token:
                 return
             params["continue"] = token
+
+    def _smaller_pages(self, context: str, limit: int, per_page: int) -> int:
+        """The page size to ask for after a page over ``per_page`` bytes at ``limit``."""
+        if limit <= 1:
+            raise ResponseTooLarge(
+                f"{context}: one object is over {size(per_page)} (not read further)"
+            )
+        limit = max(1, limit // PAGE_SHRINK)
+        log.info(
+            "list page over the size limit, asking for smaller pages cluster=%s context=%r "
+            "limit=%d",
+            self.name,
+            context,
+            limit,
+        )
+        return limit
 
     async def watch(
         self,
@@ -236,7 +407,8 @@ class Client:
 
         An ``ERROR`` event with code 410 raises :class:`Gone`. ``idle_timeout`` ends a watch
         that has been silent that long (a watchdog for half-open connections). ``on_open`` is
-        called once the server has accepted the watch.
+        called once the server has accepted the watch. An event over ``max_event_bytes``, or
+        one that is not a JSON event, ends the watch with :class:`BadResponse`.
         """
         await self.config.refresh_token()
         params = _query(
@@ -250,6 +422,18 @@ class Client:
             }
         )
         path = resource.path(namespace)
+        context = f"WATCH {path} on {self.name}"
+        self.bad_answers.check(context)
+        try:
+            async for event in self._events(path, context, params, idle_timeout, on_open):
+                yield event
+        except BadResponse as e:
+            self.bad_answers.record(e)
+            raise
+
+    async def _events(
+        self, path: str, context: str, params: Any, idle_timeout: float | None, on_open
+    ) -> AsyncIterator[dict]:
         try:
             async with self.watch_session.get(
                 self.config.server + path,
@@ -261,30 +445,83 @@ class Client:
                 server_hostname=self.config.tls_server_name,
             ) as resp:
                 if resp.status >= 400:
-                    payload = await resp.read()
+                    payload = await _read(resp, ERROR_BODY_BYTES)
                     if resp.status == 401:
                         await self.config.refresh_token(force=True)
-                    raise error_for(resp.status, _decode(payload), f"WATCH {path} on {self.name}")
+                    raise error_for(resp.status, _decode(payload), context)
                 if on_open is not None:
                     on_open()
-                buffer = b""
-                async for chunk in resp.content.iter_any():
-                    buffer += chunk
-                    if b"\n" not in chunk:
-                        continue
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if not line:
-                            continue
-                        event = orjson.loads(line)
-                        if event.get("type") == "ERROR":
-                            status = event.get("object") or {}
-                            code = status.get("code", 500)
-                            error = error_for(code, status, f"WATCH {path} on {self.name}")
-                            raise error
+                async with holding(self.read_limits, self._own_slot) as slot:
+                    async for event in self._lines(resp, context, slot):
                         yield event
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise Unreachable(f"WATCH {path} on {self.name}: {describe(e)}") from e
+            raise Unreachable(f"{context}: {describe(e)}") from e
+
+    async def _lines(
+        self, resp: aiohttp.ClientResponse, context: str, slot: Slot | None
+    ) -> AsyncIterator[dict]:
+        """The events of a watch, a line each. The line being received is kept in pieces and
+        joined once its newline comes (linear in its length, however it is cut). Past
+        :data:`SMALL` bytes held, reading waits for ``slot``, and the line must then be whole
+        within the limits' ``hold`` seconds."""
+        limit = self.max_event_bytes
+        loop = asyncio.get_running_loop()
+        pieces: list[bytes] = []
+        pending = 0  # bytes in pieces
+        deadline: float | None = None  # while the slot is held
+        while True:
+            chunk = await self._chunk(resp, context, deadline)
+            if not chunk:
+                return
+            if slot is not None and not slot.held and pending + len(chunk) > SMALL:
+                await slot.take()
+                assert self.read_limits is not None
+                deadline = loop.time() + self.read_limits.hold
+            if b"\n" not in chunk:
+                pending += len(chunk)
+                if pending > limit:
+                    resp.close()
+                    raise _event_too_large(context, limit)
+                pieces.append(chunk)
+                continue
+            lines = chunk.split(b"\n")
+            if pieces:
+                pieces.append(lines[0])
+                lines[0] = b"".join(pieces)
+                pieces.clear()
+            rest = lines.pop()
+            pending = len(rest)
+            if rest:
+                pieces.append(rest)
+            for line in lines:
+                if len(line) > limit:
+                    resp.close()
+                    raise _event_too_large(context, limit)
+                if line:
+                    yield _event(line, context)
+            if pending > limit:
+                resp.close()
+                raise _event_too_large(context, limit)
+            if slot is not None and slot.held and pending <= SMALL:
+                slot.release()
+                deadline = None
+
+    async def _chunk(
+        self, resp: aiohttp.ClientResponse, context: str, deadline: float | None
+    ) -> bytes:
+        """The next bytes of a watch (empty at its end), before ``deadline`` if one is set."""
+        if deadline is None:
+            return await resp.content.readany()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await resp.content.readany()
+        except TimeoutError:
+            resp.close()
+            raise BadResponse(
+                f"{context}: a watch event of over {size(SMALL)} took over "
+                f"{self.read_limits.hold if self.read_limits else 0:.0f}s to arrive"
+                " (not read further)"
+            ) from None
 
     async def create(
         self,
@@ -381,7 +618,7 @@ class Client:
             raise Unreachable(f"GET {path} on {self.name}: {describe(e)}") from e
         try:
             if resp.status >= 400:
-                payload = await resp.read()
+                payload = await _read(resp, ERROR_BODY_BYTES)
                 if resp.status == 401:
                     await self.config.refresh_token(force=True)
                 raise error_for(resp.status, _decode(payload), f"GET {path} on {self.name}")
@@ -429,7 +666,7 @@ class Client:
                 message = (probe.body or {}).get("message") or ""
                 if probe.status == handshake.status and "upgrade" not in message.lower():
                     return error_for(probe.status, probe.body, context)
-        return error_for(handshake.status, handshake.message, context)
+        return error_for(handshake.status, None, context)
 
     async def log(
         self, name: str, namespace: str, *, container: str | None = None, **params: Any
@@ -458,8 +695,77 @@ def _query(params: Any) -> Any:
     }
 
 
-def _decode(payload: bytes) -> Any:
+async def _read(
+    resp: aiohttp.ClientResponse,
+    limit: int,
+    slot: Slot | None = None,
+) -> bytearray | None:
+    """The body, or None as soon as it is over ``limit`` bytes (one whose length says so is not
+    read at all; the connection is then closed). Past :data:`SMALL` bytes, reading waits for
+    ``slot``, within the request's timeout."""
+    declared = resp.content_length
+    if declared is None or declared <= limit:
+        body = bytearray()
+        async for chunk in resp.content.iter_any():
+            body += chunk
+            if len(body) > limit:
+                break
+            if slot is not None and len(body) > SMALL:
+                await slot.take()
+        else:
+            return body
+    resp.close()
+    return None
+
+
+# The one answer worth recognizing that is not a Status: Go's HTTPS servers say this, word for
+# word, to plain HTTP. Saying that it was this constant tells nothing else about the server.
+_PLAIN_HTTP_TO_HTTPS = b"Client sent an HTTP request to an HTTPS server."
+
+
+def _decode(payload: bytes | bytearray | None) -> dict | None:
+    """The Status in an error's body, or None (the body is then never quoted)."""
+    if not payload:
+        return None
+    if payload.rstrip() == _PLAIN_HTTP_TO_HTTPS:
+        message = "Client sent an HTTP request to an HTTPS server (the URL must be https://)"
+        return {"kind": "Status", "message": message}
     try:
-        return orjson.loads(payload)
+        return status_of(orjson.loads(payload))
     except orjson.JSONDecodeError:
-        return payload.decode(errors="replace")[:500]
+        return None
+
+
+def _list_page(page: Any, context: str) -> dict:
+    if (
+        type(page) is not dict
+        or type(page.get("metadata")) is not dict
+        or type(page.get("items") or []) is not list
+    ):
+        raise BadResponse(f"{context}: the answer is not a list (not quoted)")
+    return page
+
+
+def _event(line: bytes, context: str) -> dict:
+    """One watch event; an ``ERROR`` event raises its error."""
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise BadResponse(f"{context}: a watch event is not JSON (not quoted)") from None
+    if (
+        type(event) is not dict
+        or type(event.get("type")) is not str
+        or type(event.get("object")) is not dict
+    ):
+        raise BadResponse(f"{context}: a watch event is not an event (not quoted)")
+    if event.get("type") == "ERROR":
+        status = event["object"]
+        code = status.get("code")
+        if type(code) is not int or not 400 <= code <= 599:
+            code = 500
+        raise error_for(code, status, context)
+    return event
+
+
+def _event_too_large(context: str, limit: int) -> ResponseTooLarge:
+    return ResponseTooLarge(f"{context}: a watch event is over {size(limit)} (not read further)")

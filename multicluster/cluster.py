@@ -2,7 +2,10 @@
 
 Kubernetes clusters do not know their own names, so each connection is given one; Requests
 carry it so a reconciler knows where an object lives. Informers are shared per resource, scope,
-selectors and transform: two controllers watching pods in one cluster share one watch.
+selectors and transform: two controllers watching pods in one cluster share one watch. What may
+be read from the cluster at once (an answer, a watch event, a list) is bounded by the client's
+limits, given here as options; clusters whose servers are not trusted share ``read_limits``, and
+what their informers cache is charged to a ``budget``.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .client import Client
+from .client import MAX_EVENT_BYTES, MAX_LIST_BYTES, MAX_RESPONSE_BYTES, Client
 from .config import ClusterConfig
 from .informer import Informer
+from .readlimits import CacheBudget, ReadLimits
 from .resources import Resource
 
 log = logging.getLogger(__name__)
@@ -28,11 +32,26 @@ class Cluster:
         qps: float = 50.0,
         burst: int = 100,
         idle_timeout: float = 150.0,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        max_list_bytes: int = MAX_LIST_BYTES,
+        read_limits: ReadLimits | None = None,
+        budget: CacheBudget | None = None,
     ) -> None:
         self.name = name
         self.config = config
-        self.client = Client(config, name=name, qps=qps, burst=burst)
+        self.client = Client(
+            config,
+            name=name,
+            qps=qps,
+            burst=burst,
+            max_response_bytes=max_response_bytes,
+            max_event_bytes=max_event_bytes,
+            max_list_bytes=max_list_bytes,
+            read_limits=read_limits,
+        )
         self.idle_timeout = idle_timeout
+        self.budget = budget  # what its informers may cache, shared with other clusters or not
         self._informers: dict[tuple, Informer] = {}
         self._started = False
 
@@ -86,6 +105,7 @@ class Cluster:
                 transform=transform,
                 cluster=self.name,
                 idle_timeout=self.idle_timeout,
+                budget=self.budget,
             )
             self._informers[key] = informer
             if self._started:

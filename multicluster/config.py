@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import re
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,11 @@ from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
 
 TOKEN_REFRESH_INTERVAL = 30.0
+
+# A server of a kubeconfig kept in a Secret is an API server's root, nothing more: with a path or
+# a query, whoever writes the Secret would have the agent call any URL of any reachable address
+# (an admin endpoint, a metadata service) and read back what it tells about the answer.
+SERVER_URL = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?/?")
 
 # What a kubeconfig kept in a Secret may hold: inline values only. Exec plugins, auth providers
 # and file paths (tokenFile, client-certificate, certificate-authority…) would let anyone who may
@@ -61,9 +67,47 @@ def _parse(data: str | bytes) -> dict:
     return parsed
 
 
+def server_problem(server: object) -> str | None:
+    """Why a kubeconfig's server may not be used from an untrusted place, or None: it must be
+    ``http(s)://host[:port]`` (a trailing ``/`` aside). Names the problem, never the value (a
+    query or user info may hold a credential)."""
+    if not isinstance(server, str):
+        return "is not a URL"
+    if SERVER_URL.fullmatch(server):
+        return None
+    scheme, sep, rest = server.partition("://")
+    if not sep or scheme not in ("http", "https"):
+        return "is not an http:// or https:// URL"
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    path = rest[len(authority) :].partition("#")[0].partition("?")[0]
+    found = [
+        what
+        for what, present in (
+            ("user info", "@" in authority),
+            ("a path", path not in ("", "/")),
+            ("a query", "?" in rest),
+            ("a fragment", "#" in rest),
+        )
+        if present
+    ]
+    if found:
+        return f"has {' and '.join(found)}"
+    return "has characters a host and port cannot have"
+
+
 def untrusted_problem(parsed: dict) -> str | None:
     """Why a kubeconfig from an untrusted place may not be used, or None. Names fields, never
     values."""
+    for entry in parsed.get("clusters") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("cluster"), dict):
+            continue  # said below
+        problem = server_problem(entry["cluster"].get("server"))
+        if problem:
+            return (
+                f"cluster {entry.get('name')!r}: the server URL {problem}: a kubeconfig kept in a"
+                " Secret may only name a server as https://host:port (no path, query, fragment"
+                " or user info)"
+            )
     for kind, allowed in (("users", INLINE_USER_FIELDS), ("clusters", INLINE_CLUSTER_FIELDS)):
         entries = parsed.get(kind) or []
         if not isinstance(entries, list):

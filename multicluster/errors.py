@@ -1,8 +1,20 @@
-"""Typed API errors, so callers branch on meaning (``except NotFound``) instead of status codes."""
+"""Typed API errors, so callers branch on meaning (``except NotFound``) instead of status codes.
+
+An error's text ends up where other people read it (a Target's status, events, logs), and the
+server that answered may be anyone's: a kubeconfig in a Secret can point the agent at any
+address. So an error quotes the server only through the ``message`` of a well-formed Kubernetes
+``Status``, cut to :data:`MESSAGE_LIMIT` characters; any other answer is named by its status
+code, never quoted.
+"""
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
+
+MESSAGE_LIMIT = 1024
+"""Characters of a Status message kept (an Event's message is about as long at most)."""
+_CONTROLS = {c: " " for c in (*range(32), 127)}  # no forged log lines
 
 
 class ApiError(Exception):
@@ -73,6 +85,14 @@ class Unreachable(ApiError):
     """No answer: connection refused, reset, TLS failure or timeout."""
 
 
+class BadResponse(ApiError):
+    """An answer no API server gives: not JSON, not a list, a malformed watch event."""
+
+
+class ResponseTooLarge(BadResponse):
+    """An answer, or one watch event, over the client's size limit (not read further)."""
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequest,
     401: Unauthorized,
@@ -85,11 +105,38 @@ _BY_STATUS: dict[int, type[ApiError]] = {
 }
 
 
+def status_of(body: Any) -> dict | None:
+    """``body`` as a Kubernetes ``Status`` (message cut to :data:`MESSAGE_LIMIT`), or None when
+    it is not one."""
+    if not isinstance(body, dict) or body.get("kind") != "Status":
+        return None
+    message = body.get("message", "")
+    reason = body.get("reason", "")
+    if not isinstance(message, str) or not isinstance(reason, str):
+        return None
+    kept = message[:MESSAGE_LIMIT].translate(_CONTROLS)
+    if kept != message:
+        body = {**body, "message": kept + ("…" if len(message) > MESSAGE_LIMIT else "")}
+    return body
+
+
+def phrase(status: int) -> str:
+    """``404 Not Found``: a status code in words (ours, not the server's reason phrase)."""
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
+
+
 def error_for(status: int, body: Any, context: str) -> ApiError:
-    """The typed error for an HTTP status and the API server's Status body."""
-    details = body if isinstance(body, dict) else {}
+    """The typed error for an HTTP status and the API server's Status body. Only a Status's
+    message is quoted; any other body is not."""
+    details = status_of(body) or {}
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else ApiError)
     if cls is Conflict and details.get("reason") == "AlreadyExists":
         cls = AlreadyExists
-    message = details.get("message") or (body if isinstance(body, str) else "") or "no message"
-    return cls(f"{context}: {status} {message}", status=status, body=details)
+    if details:
+        message = f"{status} {details.get('message') or 'no message'}"
+    else:
+        message = f"{phrase(status)} (the answer is not a Kubernetes Status: not quoted)"
+    return cls(f"{context}: {message}", status=status, body=details)

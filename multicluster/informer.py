@@ -5,6 +5,11 @@ When the server says the version is too old (410 Gone) it lists again and emits 
 keys that vanished meanwhile, so handlers never miss a deletion. Errors back off with jitter;
 a watch that stays silent past ``idle_timeout`` is dropped and reopened (half-open connections
 are otherwise invisible). Objects may be slimmed by a ``transform`` before they are cached.
+
+The backoff counts every way a server can keep us busy, as client-go's reflector does: errors,
+and watches that end (or answer 410) within a second of opening. It starts over only once a
+watch has lasted ``backoff_reset`` seconds, not after a list that succeeded: a server that lists
+well and then refuses every watch would otherwise be asked again and again without a pause.
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import orjson
 from prometheus_client.core import GaugeMetricFamily
 
 from . import metrics
 from .client import Client
-from .errors import ApiError, Gone, Unreachable
+from .errors import ApiError, BadResponse, Gone, Unreachable
+from .readlimits import OBJECT_FLOOR, CacheBudget
 from .resources import Resource
 
 log = logging.getLogger(__name__)
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+SHORT_WATCH = 1.0
+"""A watch that ends sooner than this after opening counts as a failure (client-go's rule)."""
 
 Handler = Callable[[str, dict, "dict | None", bool], Any]
 """``handler(event_type, obj, old, initial)``; ``initial`` marks events of the first list."""
@@ -203,6 +212,8 @@ class Informer:
         idle_timeout: float = 150.0,
         page_size: int = 500,
         backoff_max: float = 30.0,
+        backoff_reset: float = 60.0,
+        budget: CacheBudget | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -214,6 +225,10 @@ class Informer:
         self.idle_timeout = idle_timeout
         self.page_size = page_size
         self.backoff_max = backoff_max
+        self.backoff_reset = backoff_reset
+        self.budget = budget
+        self._costs: dict[str, int] = {}  # what each cached object is charged (with a budget)
+        self._watch_opened: float | None = None
         self.store = Store()
         self.resource_version = ""
         self.last_error: Exception | None = None
@@ -278,6 +293,9 @@ class Informer:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         _running.discard(self)
+        if self.budget is not None:  # what it cached goes with it
+            self.budget.charge(-sum(self._costs.values()), repr(self))
+            self._costs.clear()
 
     @property
     def running(self) -> bool:
@@ -290,38 +308,49 @@ class Informer:
         stopped (a 410 then makes it relist)."""
         failures = 0
         need_list = not self.resource_version
+        loop = asyncio.get_running_loop()
         while True:
+            error: Exception | None = None
             try:
                 if need_list:
                     await self._list()
                     need_list = False
-                    failures = 0
-                delivered = await self._watch()
-                if delivered:
-                    failures = 0
-                metrics.WATCH_RESTARTS.labels(*self._labels, "expired").inc()
-            except Gone:
-                metrics.WATCH_RESTARTS.labels(*self._labels, "gone").inc()
-                log.info("watch expired, relisting cluster=%s resource=%s", *self._labels)
+                await self._watch()
+                reason = "expired"
+            except Gone as e:
                 need_list = True
+                reason, error = "gone", e
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                self.last_error = e
-                failures += 1
+                self.last_error = error = _without_traceback(e)
                 reason = "unreachable" if isinstance(e, Unreachable) else "error"
-                metrics.WATCH_RESTARTS.labels(*self._labels, reason).inc()
-                delay = min(self.backoff_max, 0.2 * 2 ** min(failures, 10))
-                delay *= random.uniform(0.5, 1.0)
-                level = logging.WARNING if failures > 1 or not isinstance(e, ApiError) else 20
-                log.log(
-                    level,
-                    "list/watch failed cluster=%s resource=%s retry_in=%.1fs error=%s",
-                    *self._labels,
-                    delay,
-                    e,
+            metrics.WATCH_RESTARTS.labels(*self._labels, reason).inc()
+            opened, self._watch_opened = self._watch_opened, None  # over: it clears no error
+            lasted = loop.time() - opened if opened is not None else 0.0
+            if lasted >= self.backoff_reset:
+                failures = 0
+            if reason in ("expired", "gone") and lasted >= SHORT_WATCH:
+                if reason == "gone":
+                    log.info("watch expired, relisting cluster=%s resource=%s", *self._labels)
+                continue
+            if error is None:
+                self.last_error = error = BadResponse(
+                    f"WATCH {self.resource.path(self.namespace)} on {self.cluster}: the server"
+                    f" ended the watch {lasted:.1f}s after opening it"
                 )
-                await asyncio.sleep(delay)
+            failures += 1
+            delay = min(self.backoff_max, 0.2 * 2 ** min(failures, 10))
+            delay *= random.uniform(0.5, 1.0)
+            quiet = failures == 1 and isinstance(error, ApiError)
+            log.log(
+                logging.INFO if quiet else logging.WARNING,
+                "list/watch failed cluster=%s resource=%s retry_in=%.1fs error=%s",
+                *self._labels,
+                delay,
+                error,
+            )
+            await asyncio.sleep(delay)
 
     async def _list(self) -> None:
         fresh: dict[str, dict] = {}
@@ -334,10 +363,17 @@ class Informer:
             limit=self.page_size,
         ):
             transform = self.transform
-            for item in page["items"] or ():
+            for item in page.get("items") or ():
                 obj = transform(item) if transform else item
                 fresh[object_key(obj)] = obj
             version = page["metadata"].get("resourceVersion", "")
+        if self.budget is not None:
+            costs = {key: _cost(obj) for key, obj in fresh.items()}
+            delta = sum(costs.values()) - sum(self._costs.values())
+            self.budget.charge(
+                delta, f"LIST {self.resource.path(self.namespace)} of {self.cluster}"
+            )
+            self._costs = costs
         initial = not self.has_synced
         for key in self.store.list_keys():
             if key not in fresh:
@@ -354,8 +390,7 @@ class Informer:
         if initial:
             self._synced.set()
 
-    async def _watch(self) -> int:
-        delivered = 0
+    async def _watch(self) -> None:
         transform = self.transform
         store = self.store
         async for event in self.client.watch(
@@ -374,9 +409,10 @@ class Informer:
             if kind == "BOOKMARK":
                 self.resource_version = version or self.resource_version
                 continue
-            delivered += 1
             obj = transform(raw) if transform else raw
             key = object_key(obj)
+            if self.budget is not None:
+                self._charge(kind, key, obj)
             if kind == DELETED:
                 old = store.delete(key)
                 self._dispatch(DELETED, obj, old, False)
@@ -388,10 +424,28 @@ class Informer:
                     self._dispatch(MODIFIED, obj, old, False)
             if version:
                 self.resource_version = version
-        return delivered
+
+    def _charge(self, kind: str, key: str, obj: dict) -> None:
+        """Charge the budget for a watch event's object (raises :class:`CacheFull`)."""
+        assert self.budget is not None
+        cost = 0 if kind == DELETED else _cost(obj)
+        context = f"WATCH {self.resource.path(self.namespace)} of {self.cluster}"
+        self.budget.charge(cost - self._costs.get(key, 0), context)
+        if cost:
+            self._costs[key] = cost
+        else:
+            self._costs.pop(key, None)
 
     def _connected(self) -> None:
-        self.last_error = None
+        loop = asyncio.get_running_loop()
+        opened = self._watch_opened = loop.time()
+        loop.call_later(SHORT_WATCH, self._lasted, opened)
+
+    def _lasted(self, opened: float) -> None:
+        """The watch opened at ``opened`` is still open a while later: the last error is over
+        (one that ends at once, with an answer no API server gives, say, never clears it)."""
+        if self._watch_opened == opened and self.running:
+            self.last_error = None
 
     @property
     def healthy(self) -> bool:
@@ -410,6 +464,23 @@ class Informer:
             log.exception(
                 "event handler failed cluster=%s resource=%s event=%s", *self._labels, kind
             )
+
+
+def _without_traceback(error: Exception) -> Exception:
+    """``error`` (and its causes) without their tracebacks: it is kept as ``last_error`` until
+    the next success, and its frames would keep alive what the failed list had read so far."""
+    seen: BaseException | None = error
+    for _ in range(16):  # a chain of causes is short; a cycle of them is not followed
+        if seen is None:
+            break
+        seen.__traceback__ = None
+        seen = seen.__cause__ or seen.__context__
+    return error
+
+
+def _cost(obj: dict) -> int:
+    """What a cached object is charged: its JSON length, at least :data:`OBJECT_FLOOR`."""
+    return max(OBJECT_FLOOR, len(orjson.dumps(obj)))
 
 
 def _version(obj: dict) -> str | None:

@@ -77,7 +77,8 @@ class Manager:
         return cluster
 
     async def remove_cluster(self, name: str) -> None:
-        """Stop watching a cluster: handlers detached, informers stopped, connection closed."""
+        """Stop watching a cluster: handlers detached, informers stopped, connection closed,
+        and the memory of its caches given back to the system."""
         cluster = self.clusters.pop(name, None)
         self._required.discard(name)
         if cluster is None:
@@ -85,8 +86,10 @@ class Manager:
         for controller in self.controllers:
             controller.unwatch(name)
         await cluster.stop()
+        del cluster
         with contextlib.suppress(KeyError):
             metrics.CLUSTER_SYNCED.remove(name)
+        await gctune.release_memory()
         log.info("removed cluster=%s", name)
 
     def add_controller(self, controller: Controller) -> Controller:

@@ -84,14 +84,17 @@ def test_predicates():
 
 
 def test_errors_are_typed_by_status_and_reason():
-    assert isinstance(error_for(404, {"message": "pods x not found"}, "GET"), NotFound)
-    assert isinstance(error_for(409, {"reason": "AlreadyExists"}, "POST"), AlreadyExists)
-    conflict = error_for(409, {"reason": "Conflict"}, "PUT")
+    def status(**fields: str) -> dict:
+        return {"kind": "Status", "apiVersion": "v1", **fields}
+
+    assert isinstance(error_for(404, status(message="pods x not found"), "GET"), NotFound)
+    assert isinstance(error_for(409, status(reason="AlreadyExists"), "POST"), AlreadyExists)
+    conflict = error_for(409, status(reason="Conflict"), "PUT")
     assert isinstance(conflict, Conflict)
     assert not isinstance(conflict, AlreadyExists)
     assert isinstance(error_for(410, {}, "WATCH"), Gone)
     assert isinstance(error_for(503, "down", "GET"), ServerError)
-    assert "pods x not found" in str(error_for(404, {"message": "pods x not found"}, "GET"))
+    assert "pods x not found" in str(error_for(404, status(message="pods x not found"), "GET"))
 
 
 def test_share_strings_makes_equal_strings_one_object_and_keeps_the_value():
