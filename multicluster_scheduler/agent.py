@@ -36,11 +36,19 @@ from multicluster.errors import ServerError, TooManyRequests
 from multicluster.resources import NAMESPACES
 
 from .follow.controller import Follow
-from .scheduler.controller import Scheduler
+from .scheduler.controller import Scheduler, proxy_informer
 from .services.controller import ServiceSync
 from .sources.controller import finalizer_cleanup_controller, sources_controller
 from .summary.controller import summary_controller
 from .targets.controller import targets_controller
+from .targets.delegates import DelegateLookup
+from .targets.limits import (
+    DEFAULT_CACHE_PER_CLUSTER_TARGET,
+    DEFAULT_CACHE_PER_NAMESPACE,
+    DEFAULT_MAX_PER_NAMESPACE,
+    MIB,
+    TargetLimits,
+)
 from .targets.registry import TargetRegistry
 from .virtual_kubelet.kubelet import KubeletApi
 from .virtual_kubelet.loop import VirtualKubelet, release_owner
@@ -125,6 +133,21 @@ class AgentSettings(BaseModel):
     )
     summary_exclude_labels: str | None = Field(
         None, description="regular expression of node label keys left out of node groups"
+    )
+    max_targets_per_namespace: int = Field(
+        DEFAULT_MAX_PER_NAMESPACE,
+        ge=0,
+        description="Targets connected per namespace (each is a Node and a Lease), oldest first",
+    )
+    target_cache_mib: int = Field(
+        DEFAULT_CACHE_PER_NAMESPACE // MIB,
+        ge=1,
+        description="MiB of objects the caches of one namespace's Targets hold together",
+    )
+    cluster_target_cache_mib: int = Field(
+        DEFAULT_CACHE_PER_CLUSTER_TARGET // MIB,
+        ge=1,
+        description="MiB of objects the caches of one ClusterTarget hold",
     )
 
     @field_validator("summary_exclude_labels")
@@ -242,6 +265,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="regular expression of node label keys left out of the ClusterSummary's node groups",
     )
     add(
+        "--max-targets-per-namespace",
+        default=env("max-targets-per-namespace", str(DEFAULT_MAX_PER_NAMESPACE)),
+        help="Targets of one namespace connected, oldest first (each becomes a Node and a "
+        "Lease); the others are TooManyTargets. ClusterTargets do not count",
+    )
+    add(
+        "--target-cache-mib",
+        default=env("target-cache-mib", str(DEFAULT_CACHE_PER_NAMESPACE // MIB)),
+        help="MiB of objects (their JSON) that the caches of one namespace's Targets hold "
+        "together; beyond it they are CacheFull",
+    )
+    add(
+        "--cluster-target-cache-mib",
+        default=env("cluster-target-cache-mib", str(DEFAULT_CACHE_PER_CLUSTER_TARGET // MIB)),
+        help="MiB of objects (their JSON) that the caches of one ClusterTarget hold; beyond it "
+        "it is CacheFull",
+    )
+    add(
         "--source-controller",
         default=env("source-controller", "true"),
         help="true or false (chart value sourceController.enabled)",
@@ -316,21 +357,33 @@ async def run(settings: AgentSettings) -> None:
     else:  # Sources it gave a finalizer to may still be deleted (docs/sources.md)
         manager.add_controller(finalizer_cleanup_controller(cluster))
     registry = TargetRegistry()
-    manager.add_controller(targets_controller(cluster, manager, registry, cluster_options=options))
-    follow = Follow(cluster, registry, cluster_name=cluster_name)
+    manager.add_controller(
+        targets_controller(
+            cluster,
+            manager,
+            registry,
+            cluster_options=options,
+            limits=TargetLimits(
+                max_per_namespace=settings.max_targets_per_namespace,
+                cache_per_namespace=settings.target_cache_mib * MIB,
+                cache_per_cluster_target=settings.cluster_target_cache_mib * MIB,
+            ),
+        )
+    )
+    lookup = DelegateLookup(registry, proxy_informer(cluster), cluster_name)
+    follow = Follow(cluster, lookup)
     for controller in follow.controllers:
         manager.add_controller(controller)
     manager.add_runnable(follow.resync_forever, needs_leader=True)
     scheduler = Scheduler(
         cluster,
-        registry,
-        cluster_name=cluster_name,
+        lookup,
         verify_timeout=settings.delegate_timeout,
         workers=settings.scheduler_workers,
         prepare=follow.prepare,
     )
     manager.add_controller(scheduler.controller)
-    pods = PodSync(cluster, registry, cluster_name=cluster_name)
+    pods = PodSync(cluster, lookup)
     for controller in pods.controllers:
         manager.add_controller(controller)
     services = ServiceSync(
@@ -380,8 +433,7 @@ async def run(settings: AgentSettings) -> None:
         manager.add_runnable(webhook.serve, needs_leader=False)
         kubelet_api = KubeletApi(
             cluster.client,
-            pods.proxies,
-            registry,
+            lookup,
             host=settings.kubelet_host,
             port=settings.kubelet_port,
             address=settings.node_address,
@@ -391,7 +443,6 @@ async def run(settings: AgentSettings) -> None:
             cert_dir=Path(scratch) / "kubelet",
             ca=certificates.ca if settings.self_managed_certificates else None,
             leading=lambda: manager.is_leader,
-            cluster_name=cluster_name,
         )
         manager.add_runnable(kubelet_api.run, needs_leader=False)
         manager.add_readiness_check(

@@ -183,6 +183,61 @@ def parent_cluster(delegate: dict) -> str | None:
     return (delegate["metadata"].get("annotations") or {}).get(keys.PARENT_CLUSTER_NAME)
 
 
+def is_delegate_of(pod: dict, proxy: dict, cluster_name: str) -> bool:
+    """Whether ``pod``, a pod of a target, is what this cluster makes as ``proxy``'s delegate.
+
+    Labels and annotations are whatever whoever created the pod wrote: anyone who may create
+    pods in a target can copy a proxy pod's uid and this cluster's name onto one. What they
+    cannot choose is the pair of namespace and name: the delegate is in the proxy pod's
+    namespace, under the name derived from the proxy's name and uid, and a pod of that name
+    there is either the real delegate or stands where it would be."""
+    meta, proxy_meta = pod["metadata"], proxy["metadata"]
+    uid, namespace, name = proxy_meta["uid"], proxy_meta["namespace"], proxy_meta["name"]
+    annotations = meta.get("annotations") or {}
+    return (
+        meta.get("namespace") == namespace
+        and (meta.get("labels") or {}).get(keys.PARENT_UID) == uid
+        and annotations.get(keys.PARENT_CLUSTER_NAME) == cluster_name
+        and annotations.get(keys.PARENT_NAMESPACE) == namespace
+        and annotations.get(keys.PARENT_NAME) == name
+        and meta.get("name") == delegate_name(name, uid)
+    )
+
+
+def looks_like_delegate(pod: dict, cluster_name: str) -> bool:
+    """Whether ``pod`` is named as the delegate this cluster would make for the proxy pod it
+    names (whether or not that proxy pod still exists): only such pods are ever deleted as
+    orphans, never a pod that merely carries our labels."""
+    meta = pod["metadata"]
+    annotations = meta.get("annotations") or {}
+    uid = (meta.get("labels") or {}).get(keys.PARENT_UID)
+    name = annotations.get(keys.PARENT_NAME)
+    return (
+        bool(uid and name)
+        and annotations.get(keys.PARENT_CLUSTER_NAME) == cluster_name
+        and annotations.get(keys.PARENT_NAMESPACE) == meta.get("namespace")
+        and meta.get("name") == delegate_name(name, uid)  # type: ignore[arg-type]
+    )
+
+
+def not_made_by_webhook(proxy: dict) -> str | None:
+    """What ``proxy`` lacks of what the webhook leaves on an elected pod (its saved manifest and
+    our finalizer: without it, deleting the pod would not delete its delegate), or None."""
+    meta = proxy["metadata"]
+    missing = [
+        what
+        for what, present in (
+            (
+                f"no {keys.SOURCEPOD_MANIFEST} annotation",
+                keys.SOURCEPOD_MANIFEST in (meta.get("annotations") or {}),
+            ),
+            (f"no {keys.FINALIZER} finalizer", keys.FINALIZER in (meta.get("finalizers") or ())),
+        )
+        if not present
+    ]
+    return " and ".join(missing) or None
+
+
 def pod_condition(pod: dict, kind: str) -> dict | None:
     for condition in (pod.get("status") or {}).get("conditions") or ():
         if condition.get("type") == kind:
@@ -208,19 +263,23 @@ _DELEGATE_METADATA = _PROXY_METADATA[:8]
 def slim_proxy(pod: dict) -> dict:
     """What the scheduler and the virtual kubelet read of a proxy pod (no containers: the
     manifest annotation holds what the delegate needs, and only until the pod is bound: a
-    bound proxy's manifest is never read again, and 10,000 of them are megabytes)."""
+    bound proxy's manifest is never read again, and 10,000 of them are megabytes), and the
+    config maps and secrets its own spec uses (``Kind:namespace/name``): a pod's volumes and
+    env never change, and they bound what may follow its delegate."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
     kept = {k: meta[k] for k in _PROXY_METADATA if k in meta}
     annotations = kept.get("annotations")
     if spec.get("nodeName") and annotations and keys.SOURCEPOD_MANIFEST in annotations:
         kept["annotations"] = {k: v for k, v in annotations.items() if k != keys.SOURCEPOD_MANIFEST}
-    return share_strings(
-        {
-            "metadata": kept,
-            "spec": {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")},
-            "status": pod.get("status") or {},
-        }
-    )
+    slim = {
+        "metadata": kept,
+        "spec": {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")},
+        "status": pod.get("status") or {},
+    }
+    used = reference_keys(meta.get("namespace") or "", spec)
+    if used:
+        slim["references"] = used
+    return share_strings(slim)
 
 
 def slim_delegate(pod: dict) -> dict:

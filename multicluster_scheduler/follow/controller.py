@@ -56,7 +56,8 @@ from ..api.follow import (
 )
 from ..api.parents import is_ours
 from ..api.proxy import parent_cluster
-from ..targets.registry import TargetConnection, TargetRegistry
+from ..targets.delegates import DelegateLookup
+from ..targets.registry import TargetConnection
 
 log = logging.getLogger(__name__)
 GRACE = 30.0
@@ -87,17 +88,17 @@ class Follower:
         self,
         kind: str,
         local: Cluster,
-        registry: TargetRegistry,
+        lookup: DelegateLookup,
         *,
-        cluster_name: str,
         events: EventRecorder,
         workers: int,
     ) -> None:
         self.kind = kind
         self.resource = RESOURCES[kind]
         self.local = local
-        self.registry = registry
-        self.cluster_name = cluster_name
+        self.lookup = lookup
+        self.registry = lookup.registry
+        self.cluster_name = lookup.cluster_name
         self.events = events
         self.controller = Controller(f"follow-{self.resource.plural}", self, workers=workers)
         self.sources = self.controller.watch(
@@ -118,8 +119,13 @@ class Follower:
         return Request(self.local.name, namespace, name)
 
     def _uses(self, connection: TargetConnection, namespace: str, name: str) -> bool:
+        """Whether a delegate placed in ``connection`` uses ``namespace/name``, by its own spec
+        and by its proxy pod's (a pod that only claims to be a delegate gets nothing)."""
         ref = reference_key(self.kind, namespace, name)
-        return bool(connection.delegates_using(ref, self.cluster_name))
+        return any(
+            self.lookup.uses(pod, connection, ref)
+            for pod in connection.delegates_using(ref, self.cluster_name)
+        )
 
     def _relevant(self, _event: str, obj: dict, _old: dict | None) -> bool:
         """Only objects that have copies or users in a target are reconciled."""
@@ -219,7 +225,11 @@ class Follower:
         copies = self.copies.get(connection.node_name)
         if copies is None or connection.cluster is None:
             return
-        ours = [c for c in copies.list() if is_ours(c, self.cluster_name)]
+        ours = [
+            c
+            for c in copies.list()
+            if is_ours(c, self.cluster_name) and not self._used_elsewhere(connection, c)
+        ]
         if not ours:
             return
         try:
@@ -232,6 +242,17 @@ class Follower:
         for copy in ours:
             meta = copy["metadata"]
             self.controller.queue.add(self._request(meta["namespace"], meta["name"]))
+
+    def _used_elsewhere(self, connection: TargetConnection, copy: dict) -> bool:
+        """Whether delegates placed through another Target of the same place use ``copy``."""
+        meta = copy["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        return any(
+            other is not connection
+            and other.same_place(connection, namespace)
+            and self._uses(other, namespace, name)
+            for other in self._targets(namespace)
+        )
 
     @contextlib.asynccontextmanager
     async def _locked(self, key: Key) -> AsyncIterator[None]:
@@ -532,16 +553,12 @@ class Follower:
 class Follow:
     """Config maps and secrets that delegates use, copied to their targets."""
 
-    def __init__(
-        self, local: Cluster, registry: TargetRegistry, *, cluster_name: str, workers: int = 8
-    ) -> None:
+    def __init__(self, local: Cluster, lookup: DelegateLookup, *, workers: int = 8) -> None:
         self.local = local
+        registry = lookup.registry
         events = EventRecorder(local.client, "admiralty-follow")
         self.followers = {
-            kind: Follower(
-                kind, local, registry, cluster_name=cluster_name, events=events, workers=workers
-            )
-            for kind in KINDS
+            kind: Follower(kind, local, lookup, events=events, workers=workers) for kind in KINDS
         }
         registry.on_connected(self._connected)
         registry.on_disconnected(self._disconnected)

@@ -21,7 +21,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from fractions import Fraction
 
 from multicluster import (
@@ -37,8 +36,8 @@ from multicluster import (
     remove_finalizer,
 )
 from multicluster.events import EventRecorder
-from multicluster.informer import DELETED
-from multicluster.resources import PODS
+from multicluster.informer import ADDED, DELETED
+from multicluster.resources import NAMESPACES, PODS
 
 from ..api import keys
 from ..api.proxy import (
@@ -49,13 +48,15 @@ from ..api.proxy import (
     delegate_pod,
     is_deleting,
     is_terminal,
+    not_made_by_webhook,
     pod_condition,
     pod_reference,
     proxy_uid_index,
     slim_proxy,
     source_manifest,
 )
-from ..targets.registry import TargetConnection, TargetRegistry
+from ..targets.delegates import DelegateLookup, Placement
+from ..targets.registry import TargetConnection
 from .fit import Candidate, Constraints, choose, constraints, unschedulable_message
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ RETRY_DEBOUNCE = 0.5
 # target's scheduler gets a DelegateCreated event first.
 ANNOUNCE_AFTER = 2.0
 REJECTED = "target(s) rejected the delegate"
+ENABLED_NAMESPACES = f"{keys.NAMESPACE_ENABLED_LABEL}={keys.NAMESPACE_ENABLED_VALUE}"
 
 
 # Called with the target and the delegate just before the delegate is created there (the follow
@@ -81,6 +83,10 @@ def proxy_informer(local: Cluster):
     return informer
 
 
+def _namespace_name(namespace: dict) -> dict:
+    return {"metadata": {"name": namespace["metadata"]["name"]}}
+
+
 def _parse_time(text: str | None) -> float:
     if not text:
         return time.time()
@@ -89,16 +95,6 @@ def _parse_time(text: str | None) -> float:
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass
-class Placement:
-    """A delegate created in a target, waiting for that target's scheduler."""
-
-    node: str
-    delegate: str
-    started: float  # wall-clock seconds
-    announced: bool = False  # a DelegateCreated event says it is waiting
 
 
 class SpreadLedger:
@@ -129,20 +125,20 @@ class Scheduler:
     def __init__(
         self,
         local: Cluster,
-        registry: TargetRegistry,
+        lookup: DelegateLookup,
         *,
-        cluster_name: str,
         verify_timeout: float = 30.0,
         workers: int = 64,
         prepare: Prepare | None = None,
     ) -> None:
         self.local = local
         self.prepare = prepare
-        self.registry = registry
-        self.cluster_name = cluster_name
+        self.lookup = lookup
+        self.registry = registry = lookup.registry
+        self.cluster_name = lookup.cluster_name
         self.verify_timeout = verify_timeout
         self.events = EventRecorder(local.client, "admiralty-proxy-scheduler")
-        self.placements: dict[str, Placement] = {}
+        self.placements = lookup.placements  # shared with the lookup; written here only
         self.exclusions: dict[str, dict[str, tuple[str, float]]] = {}
         self.unschedulable: set[Request] = set()
         self.spread = SpreadLedger()
@@ -153,6 +149,11 @@ class Scheduler:
         self._retry_pending = False
         self.proxies = proxy_informer(local)
         self.proxies.add_handler(self._track_spread)
+        # Namespaces that opted in: only their proxy pods are placed.
+        self.enabled = local.informer(
+            NAMESPACES, label_selector=ENABLED_NAMESPACES, transform=_namespace_name
+        )
+        self.enabled.add_handler(self._namespace_enabled)
         self.controller = Controller("scheduler", self, workers=workers)
         self.controller.watch(
             local,
@@ -180,6 +181,14 @@ class Scheduler:
         if node is None and (placement := self.placements.get(uid)) is not None:
             node = placement.node
         self.spread.set(uid, controller_uid(pod), node)
+
+    def _namespace_enabled(self, event: str, namespace: dict, _old, initial: bool) -> None:
+        if event != ADDED or initial:
+            return
+        name = namespace["metadata"]["name"]
+        for request in self.unschedulable:
+            if request.namespace == name:
+                self.controller.queue.add(request)
 
     def _connected(self, connection: TargetConnection) -> None:
         informer = connection.delegates
@@ -268,22 +277,6 @@ class Scheduler:
             del entries[node]
         return {node: why for node, (why, _) in entries.items()}
 
-    def _delegates(
-        self, uid: str, prefer: str | None = None
-    ) -> list[tuple[TargetConnection, dict]]:
-        """The delegates of proxy pod ``uid`` in every target, each once: two targets that are
-        the same cluster and namespace see the same pods (then the one through ``prefer``, the
-        virtual node it was placed for, is kept)."""
-        connections = sorted(
-            self.registry.connections.values(), key=lambda c: c.node_name != prefer
-        )
-        found: dict[object, tuple[TargetConnection, dict]] = {}
-        for connection in connections:
-            for delegate in connection.delegates_of(uid):
-                key = delegate["metadata"].get("uid") or (connection.node_name, id(delegate))
-                found.setdefault(key, (connection, delegate))
-        return list(found.values())
-
     # -- reconcile ----------------------------------------------------------------------------
 
     async def reconcile(self, request: Request) -> Result | None:
@@ -296,10 +289,10 @@ class Scheduler:
             self.unschedulable.discard(request)
             self._settle(uid)
             return None
-        if not self.proxies.has_synced or not self.registry.settled():
+        if not (self.proxies.has_synced and self.enabled.has_synced and self.registry.settled()):
             return Result(requeue_after=1.0)
         placement = self.placements.get(uid)
-        found = self._delegates(uid, placement.node if placement else None)
+        found = self.lookup.everywhere(proxy, placement.node if placement else None)
         if is_deleting(proxy):
             return await self._release(request, proxy, found)
         live = [(c, d) for c, d in found if not is_deleting(d)]
@@ -309,7 +302,7 @@ class Scheduler:
             for c, d in live:
                 if c.node_name == placement.node:
                     mine.append((c, d))
-                elif home is not None and c.same_place(home):
+                elif home is not None and c.same_place(home, request.namespace):
                     mine.append((home, d))  # seen first through a Target of the same place
                 else:
                     extra.append((c, d))
@@ -372,9 +365,30 @@ class Scheduler:
         )
         return await self._place(self._request(proxy), proxy)
 
+    def _refusal(self, proxy: dict) -> str | None:
+        """Why ``proxy`` is not ours to place, if it is not: whoever may create pods can set
+        ``schedulerName: admiralty-proxy``, in any namespace."""
+        namespace = proxy["metadata"]["namespace"]
+        if self.enabled.get(namespace) is None:
+            return (
+                f"namespace {namespace} is not enabled for multicluster-scheduler: its pods are "
+                f"placed once it is labelled {ENABLED_NAMESPACES}"
+            )
+        lacks = not_made_by_webhook(proxy)
+        if lacks is not None:
+            return (
+                f"not a proxy pod made by the webhook (it has {lacks}): create the pod with the "
+                f"{keys.ELECT} annotation in an enabled namespace instead"
+            )
+        return None
+
     async def _place(self, request: Request, proxy: dict) -> Result | None:
         meta = proxy["metadata"]
         uid, namespace = meta["uid"], meta["namespace"]
+        refusal = self._refusal(proxy)
+        if refusal is not None:
+            await self._report_unschedulable(request, proxy, refusal)
+            return None
         try:
             manifest = source_manifest(proxy)
             wants = self._constraints.get(uid)

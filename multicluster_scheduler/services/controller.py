@@ -64,6 +64,7 @@ from ..api.services import (
     service_reference,
     user_selector,
 )
+from ..targets.delegates import is_proxy
 from ..targets.registry import TargetConnection, TargetRegistry
 
 log = logging.getLogger(__name__)
@@ -348,7 +349,7 @@ class ServiceSync:
 
     async def _reroute(self, service: dict) -> dict | None:
         meta = service["metadata"]
-        proxies = self.proxies.list(meta["namespace"])
+        proxies = [p for p in self.proxies.list(meta["namespace"]) if is_proxy(p)]
         patch = reroute_patch(service, (p["metadata"].get("labels") or {} for p in proxies))
         if patch is None:
             return service

@@ -6,6 +6,9 @@ to the manager, and its readiness is whether the target's ClusterSummary is seen
 reconciled on its own, so a broken or unreachable one never delays another. The result is
 written where users look: ``status.conditions`` (Ready, with a precise reason and message) and
 an event on every change.
+
+A tenant's Targets are bounded (how many per namespace, what their caches hold): see
+:mod:`.limits`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import logging
 
 from multicluster import (
+    BadResponse,
+    CacheFull,
     Cluster,
     ClusterConfig,
     Controller,
@@ -33,6 +38,14 @@ from ..api.conditions import ready_condition
 from ..api.naming import virtual_node_name
 from ..api.proxy import DELEGATE_LABEL_SELECTOR, slim_delegate
 from ..api.resources import CLUSTER_SUMMARIES, CLUSTER_TARGETS, TARGETS
+from .limits import (
+    CACHE_FULL,
+    TOO_MANY,
+    TargetLimits,
+    admitted,
+    cache_full_message,
+    too_many_message,
+)
 from .registry import (
     DELEGATE_INDEX,
     REFERENCE_INDEX,
@@ -88,7 +101,8 @@ def secret_reference(target: dict) -> str | None:
     return f"{namespace}/{ref.get('name')}"
 
 
-def classify(error: Exception) -> tuple[str, str]:
+def classify(error: Exception, namespace: str | None = None) -> tuple[str, str]:
+    """The reason and message of a target's error (``namespace``: a Target's)."""
     if isinstance(error, NotFound):
         return "SummaryMissing", (
             "the target has no ClusterSummary resource: is multicluster-scheduler installed "
@@ -96,6 +110,13 @@ def classify(error: Exception) -> tuple[str, str]:
         )
     if isinstance(error, Unauthorized):
         return "Unauthorized", f"the target rejected our credentials: {error}"
+    if isinstance(error, CacheFull):
+        return CACHE_FULL, cache_full_message(namespace, error)
+    if isinstance(error, BadResponse):
+        return "InvalidResponse", (
+            f"the target answers as no Kubernetes API server does (is the kubeconfig's server "
+            f"an API server?): {error}"
+        )
     if isinstance(error, Forbidden):
         return "Forbidden", (
             f"the target forbids reading its ClusterSummary (bind the "
@@ -111,8 +132,10 @@ class TargetsReconciler:
         manager: Manager,
         registry: TargetRegistry,
         cluster_options: dict | None = None,
+        limits: TargetLimits | None = None,
     ) -> None:
         self.local = local
+        self.limits = limits or TargetLimits()
         self.cluster_options = cluster_options or {}
         self.manager = manager
         self.registry = registry
@@ -133,11 +156,29 @@ class TargetsReconciler:
     def _target_nodes(self) -> set[str] | None:
         if not (self.targets.has_synced and self.cluster_targets.has_synced):
             return None
-        return {
-            virtual_node_name(t["metadata"]["name"], t["metadata"].get("namespace"))
-            for informer in (self.targets, self.cluster_targets)
-            for t in informer.list()
-        }
+        nodes = {virtual_node_name(t["metadata"]["name"]) for t in self.cluster_targets.list()}
+        by_namespace: dict[str, list[dict]] = {}
+        for target in self.targets.list():
+            by_namespace.setdefault(target["metadata"]["namespace"], []).append(target)
+        for namespace, targets in by_namespace.items():
+            nodes |= {
+                virtual_node_name(name, namespace)
+                for name in admitted(targets, self.limits.max_per_namespace)
+            }
+        return nodes
+
+    def _admits(self, request: Request) -> bool:
+        """Whether a Target may connect (its namespace's limit); ClusterTargets always may. The
+        namespace's other Targets whose turn changed (one before them went, say) are queued."""
+        if not request.namespace:
+            return True
+        allowed = admitted(self.targets.list(request.namespace), self.limits.max_per_namespace)
+        for target in self.targets.list(request.namespace):
+            name = target["metadata"]["name"]
+            connected = virtual_node_name(name, request.namespace) in self.registry.connections
+            if name != request.name and (name in allowed) != connected and self.controller:
+                self.controller.queue.add(Request(request.cluster, request.namespace, name))
+        return request.name in allowed
 
     async def reconcile(self, request: Request) -> Result | None:
         namespaced = bool(request.namespace)
@@ -145,11 +186,14 @@ class TargetsReconciler:
         target = informer.get(request.name, request.namespace or None)
         node_name = virtual_node_name(request.name, request.namespace or None)
         connection = self.registry.connections.get(node_name)
-        if target is None:
+        admitted_now = self._admits(request)
+        if target is None or not admitted_now:
             if connection is not None:
                 await self.registry.remove(node_name)  # listeners may still use the connection
                 await self._disconnect(connection)
                 log.info("target removed node=%s", node_name)
+            if target is not None:
+                await self._refuse(target)
             return None
         if connection is None:
             connection = TargetConnection(
@@ -207,7 +251,12 @@ class TargetsReconciler:
         cluster = (
             self.local
             if config is None
-            else Cluster(connection.node_name, config, **self.cluster_options)
+            else Cluster(
+                connection.node_name,
+                config,
+                **self.cluster_options,
+                **self.limits.cluster_options(connection.name, connection.namespace),
+            )
         )
         summaries = cluster.informer(CLUSTER_SUMMARIES, field_selector=SINGLETON)
         enqueue = self._enqueuer(request, connection)
@@ -263,7 +312,7 @@ class TargetsReconciler:
         if summaries is None:
             return None, "Connecting", "connecting to the target"
         if summaries.last_error is not None:
-            return False, *classify(summaries.last_error)
+            return False, *classify(summaries.last_error, connection.namespace)
         if not summaries.has_synced:
             return None, "Connecting", "connecting to the target"
         if connection.summary() is None:
@@ -273,6 +322,8 @@ class TargetsReconciler:
                 ("the target has no ClusterSummary: is multicluster-scheduler installed there?"),
             )
         delegates = connection.delegates
+        if delegates is not None and isinstance(delegates.last_error, BadResponse | CacheFull):
+            return False, *classify(delegates.last_error, connection.namespace)
         if delegates is not None and isinstance(delegates.last_error, Forbidden | Unauthorized):
             where = f"namespace {connection.namespace}" if connection.namespace else "the cluster"
             return (
@@ -285,6 +336,18 @@ class TargetsReconciler:
                 ),
             )
         return True, "Ready", "the target's ClusterSummary is current"
+
+    async def _refuse(self, target: dict) -> None:
+        """A Target after its namespace's first ``max_per_namespace``: no connection, no node."""
+        meta = target["metadata"]
+        message = too_many_message(self.limits.max_per_namespace)
+        if await self._write_condition(target, False, TOO_MANY, message):
+            log.warning(
+                "target not connected, too many in its namespace namespace=%s name=%s limit=%d",
+                meta["namespace"],
+                meta["name"],
+                self.limits.max_per_namespace,
+            )
 
     async def _report(
         self,
@@ -300,6 +363,13 @@ class TargetsReconciler:
         connection.failover_after = failover
         if connection.set_ready(bool(ready), reason, message) or changed:
             self.registry.changed(connection)
+        await self._write_condition(target, ready, reason, message)
+
+    async def _write_condition(
+        self, target: dict, ready: bool | None, reason: str, message: str
+    ) -> bool:
+        """The Target's Ready condition, patched when it changed, with an event when its reason
+        did; whether the reason changed."""
         status = target.get("status") or {}
         previous = status.get("conditions") or []
         generation = target["metadata"].get("generation")
@@ -309,9 +379,9 @@ class TargetsReconciler:
             old.get(k) == condition[k]
             for k in ("status", "reason", "message", "observedGeneration")
         ):
-            return
-        resource = TARGETS if connection.namespace else CLUSTER_TARGETS
+            return False
         meta = target["metadata"]
+        resource = TARGETS if meta.get("namespace") else CLUSTER_TARGETS
         await self.local.client.patch(
             resource,
             meta["name"],
@@ -319,19 +389,25 @@ class TargetsReconciler:
             meta.get("namespace"),
             subresource="status",
         )
-        if old is None or old.get("reason") != reason:
-            await self.events.record(
-                {**target, "apiVersion": resource.api_version, "kind": resource.kind},
-                "Warning" if ready is False else "Normal",
-                reason,
-                message,
-            )
+        if old is not None and old.get("reason") == reason:
+            return False
+        await self.events.record(
+            {**target, "apiVersion": resource.api_version, "kind": resource.kind},
+            "Warning" if ready is False else "Normal",
+            reason,
+            message,
+        )
+        return True
 
 
 def targets_controller(
-    local: Cluster, manager: Manager, registry: TargetRegistry, cluster_options: dict | None = None
+    local: Cluster,
+    manager: Manager,
+    registry: TargetRegistry,
+    cluster_options: dict | None = None,
+    limits: TargetLimits | None = None,
 ) -> Controller:
-    reconciler = TargetsReconciler(local, manager, registry, cluster_options)
+    reconciler = TargetsReconciler(local, manager, registry, cluster_options, limits)
     controller = Controller("targets", reconciler, workers=4)
     reconciler.controller = controller
     controller.watch(local, TARGETS)

@@ -92,15 +92,20 @@ class TargetConnection:
             return {keys.TARGET_NAMESPACE_LABEL: self.namespace, keys.TARGET_NAME_LABEL: name}
         return {keys.CLUSTER_TARGET_NAME_LABEL: name}
 
-    def same_place(self, other: TargetConnection) -> bool:
-        """Whether both reach the same cluster with the same scope (then they see the same
-        delegates: none is a duplicate of the other's)."""
+    def same_place(self, other: TargetConnection, namespace: str) -> bool:
+        """Whether both serve ``namespace`` in the same cluster: then they see the same delegates
+        of its proxy pods there, and one's delegate is no duplicate of the other's. Whichever
+        pair a user makes (two Targets, a Target and a ClusterTarget, a self target and a
+        kubeconfig to this cluster), the cluster is the same when the address is, or when the
+        ClusterSummary both read is the same object."""
+        if not (self.allows(namespace) and other.allows(namespace)):
+            return False
         if self.cluster is None or other.cluster is None:
             return False
-        return (self.cluster.config.server, self.namespace) == (
-            other.cluster.config.server,
-            other.namespace,
-        )
+        if self.cluster.config.server == other.cluster.config.server:
+            return True
+        mine, theirs = _uid(self.summary()), _uid(other.summary())
+        return mine is not None and mine == theirs
 
     def allows(self, namespace: str) -> bool:
         """A namespaced Target serves only proxy pods of its own namespace."""
@@ -147,6 +152,10 @@ class TargetConnection:
         if self.summaries is None:
             return None
         return self.summaries.get(keys.CLUSTER_SUMMARY_NAME)
+
+
+def _uid(obj: dict | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("uid")
 
 
 Listener = Callable[[TargetConnection], Awaitable[None]]

@@ -16,7 +16,7 @@ from typing import Any
 from multicluster import ApiError, Client, Unreachable
 from multicluster.resources import CONFIGMAPS
 
-from ..targets.registry import TargetRegistry
+from ..targets.delegates import DelegateLookup
 from ..webhook.certificates import new_ca
 from .access import Authorizer, server_context
 from .server import KubeletError, KubeletServer
@@ -39,8 +39,7 @@ class KubeletApi:
     def __init__(
         self,
         client: Client,
-        proxies: Any,
-        registry: TargetRegistry,
+        lookup: DelegateLookup,
         *,
         host: str,
         port: int,
@@ -51,7 +50,6 @@ class KubeletApi:
         cert_dir: Any,
         ca: Any,
         leading: Callable[[], bool],
-        cluster_name: str | None = None,
     ) -> None:
         self.client = client
         self.address = address
@@ -61,13 +59,7 @@ class KubeletApi:
         self.cert_dir = cert_dir
         self.ca = ca
         self.server = KubeletServer(
-            proxies,
-            registry,
-            Authorizer(client),
-            host=host,
-            port=port,
-            leading=leading,
-            cluster_name=cluster_name,
+            lookup, Authorizer(client), host=host, port=port, leading=leading
         )
         self.certificates: KubeletCertificates | None = None
 

@@ -41,13 +41,14 @@ from ..api.proxy import (
     PROXY_UID_INDEX,
     is_deleting,
     is_terminal,
-    parent_cluster,
+    looks_like_delegate,
     parent_uid,
     pod_reference,
     proxy_uid_index,
     slim_proxy,
 )
-from ..targets.registry import TargetConnection, TargetRegistry
+from ..targets.delegates import DelegateLookup
+from ..targets.registry import TargetConnection
 from .status import annotation_patch, failed_status, status_patch
 
 log = logging.getLogger(__name__)
@@ -70,12 +71,11 @@ class PodSync:
     """Three controllers: bound proxy pods, orphaned delegates, and pods that are not proxies
     on virtual nodes."""
 
-    def __init__(
-        self, local: Cluster, registry: TargetRegistry, *, cluster_name: str, workers: int = 32
-    ) -> None:
+    def __init__(self, local: Cluster, lookup: DelegateLookup, *, workers: int = 32) -> None:
         self.local = local
-        self.registry = registry
-        self.cluster_name = cluster_name
+        self.lookup = lookup
+        self.registry = registry = lookup.registry
+        self.cluster_name = lookup.cluster_name
         self.events = EventRecorder(local.client, "admiralty-virtual-kubelet")
         self.proxies_controller = Controller(
             "virtual-kubelet-pods", self.sync_proxy, workers=workers
@@ -119,7 +119,7 @@ class PodSync:
                     meta = proxy["metadata"]
                     request = Request(self.local.name, meta["namespace"], meta["name"])
                     self.proxies_controller.queue.add(request, low_priority=initial)
-            if not proxies and parent_cluster(delegate) == self.cluster_name:
+            if not proxies and looks_like_delegate(delegate, self.cluster_name):
                 meta = delegate["metadata"]
                 request = Request(node, meta["namespace"], meta["name"])
                 self.orphans_controller.queue.add(request, low_priority=initial)
@@ -222,12 +222,12 @@ class PodSync:
             if gone and not await self._let_go(proxy):
                 return Result(requeue_after=RECHECK)
             return None
-        uid = proxy["metadata"]["uid"]
-        here = connection.delegates_of(uid)
+        here = self.lookup.in_target(proxy, connection)
+        namespace = proxy["metadata"]["namespace"]
         for other in self.registry.connections.values():
-            if other is connection or other.same_place(connection):
+            if other is connection or other.same_place(connection, namespace):
                 continue  # another Target of the same cluster and namespace sees the same pods
-            for delegate in other.delegates_of(uid):  # duplicates: this pod is bound here
+            for delegate in self.lookup.in_target(proxy, other):  # duplicates: it is bound here
                 if not is_deleting(delegate):
                     await other.delete_delegate(
                         delegate, "its proxy pod is bound to another target"
@@ -324,7 +324,7 @@ class PodSync:
         if connection.delegates_synced:  # reachable but not Ready (a summary missing, say)
             with contextlib.suppress(ApiError, TimeoutError):
                 async with asyncio.timeout(RELEASE_TIMEOUT):
-                    for delegate in connection.delegates_of(meta["uid"]):
+                    for delegate in self.lookup.in_target(proxy, connection):
                         await connection.delete_delegate(delegate, "its target failed over")
         if not await self._let_go(proxy):
             return False
@@ -345,8 +345,8 @@ class PodSync:
         delegate = connection.delegates.get(request.name, request.namespace)
         if delegate is None or is_deleting(delegate):
             return None
-        if parent_cluster(delegate) != self.cluster_name:
-            return None
+        if not looks_like_delegate(delegate, self.cluster_name):
+            return None  # not ours, whatever its labels say
         if not connection.delegates_synced:
             return Result(requeue_after=RECHECK)  # the target is away: delete it when back
         if not self.proxies.has_synced:
@@ -390,7 +390,7 @@ class PodSync:
         ``RELEASE_TIMEOUT``), and let go of the proxy pods bound to its node (finalizer
         removed, pod deleted) so owners replace them."""
         proxies = self.proxies.by_index(NODE_INDEX, connection.node_name)
-        delegates = [d for p in proxies for d in connection.delegates_of(p["metadata"]["uid"])]
+        delegates = [d for p in proxies for d in self.lookup.in_target(p, connection)]
         limit = asyncio.Semaphore(RELEASE_CONCURRENCY)
 
         async def delete(delegate: dict) -> None:

@@ -32,8 +32,9 @@ from yarl import URL
 from multicluster import ApiError, Client, NotFound, Unreachable, metrics
 from multicluster.resources import PODS
 
-from ..api.proxy import is_deleting, parent_cluster
-from ..targets.registry import TargetConnection, TargetRegistry
+from ..api.proxy import is_deleting
+from ..targets.delegates import DelegateLookup
+from ..targets.registry import TargetConnection
 from . import spdy
 from .access import Authorizer, kind_of, user_of, verb_for
 from .channels import (
@@ -100,18 +101,16 @@ class KubeletServer:
 
     def __init__(
         self,
-        proxies: Any,  # the informer of bound proxy pods (PodSync.proxies)
-        registry: TargetRegistry,
+        lookup: DelegateLookup,
         authorizer: Authorizer | None,
         *,
         host: str,
         port: int,
         leading: Callable[[], bool] = lambda: True,
-        cluster_name: str | None = None,
     ) -> None:
-        self.cluster_name = cluster_name
-        self.proxies = proxies
-        self.registry = registry
+        self.lookup = lookup
+        self.proxies = lookup.proxies
+        self.registry = lookup.registry
         self.authorizer = authorizer
         self.host = host
         self.port = port
@@ -224,16 +223,9 @@ class KubeletServer:
                 + (f": {connection.reason}: {connection.message}" if connection else ""),
                 "ServiceUnavailable",
             )
-        uid = proxy["metadata"]["uid"]
-        # Ours only: in this namespace, made for this cluster (a co-tenant of a shared target
-        # could label a pod with this uid; it would not get the session).
-        delegates = [
-            d
-            for d in connection.delegates_of(uid)
-            if not is_deleting(d)
-            and d["metadata"].get("namespace") == namespace
-            and (self.cluster_name is None or parent_cluster(d) == self.cluster_name)
-        ]
+        # Ours only (a co-tenant of a shared target could label a pod with this uid; it would
+        # not get the session).
+        delegates = [d for d in self.lookup.in_target(proxy, connection) if not is_deleting(d)]
         if not delegates:
             why = (
                 f" (target {connection.name} is not ready: {connection.message})"

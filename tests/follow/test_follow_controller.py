@@ -13,13 +13,22 @@ from multicluster import Cluster, ClusterConfig, NotFound
 from multicluster.resources import PODS
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.follow import CONFIG_MAP, desired_copy, slim_followed
-from multicluster_scheduler.api.proxy import DELEGATE_LABEL_SELECTOR, slim_delegate
+from multicluster_scheduler.api.proxy import (
+    DELEGATE_LABEL_SELECTOR,
+    delegate_pod,
+    slim_delegate,
+    slim_proxy,
+)
 from multicluster_scheduler.follow import controller as follow_module
 from multicluster_scheduler.follow.controller import Follow
+from multicluster_scheduler.scheduler.controller import proxy_informer
+from multicluster_scheduler.targets.delegates import DelegateLookup
 from multicluster_scheduler.targets.registry import (
+    DELEGATE_INDEX,
     REFERENCE_INDEX,
     TargetConnection,
     TargetRegistry,
+    by_parent_uid,
     by_reference,
 )
 
@@ -73,7 +82,7 @@ class FakeClient:
 
 
 def fake_cluster(name: str, hang: bool = False) -> tuple[Cluster, FakeClient]:
-    cluster = Cluster(name, ClusterConfig("https://127.0.0.1:1", None))
+    cluster = Cluster(name, ClusterConfig(f"https://{name}.invalid:6443", None))
     client = FakeClient(hang)
     cluster.client = client  # type: ignore[assignment]
     return cluster, client
@@ -87,24 +96,30 @@ def config_map(name: str = "settings") -> dict:
     }
 
 
-def delegate(name: str, uses: str, parent_cluster: str = ME) -> dict:
+def pod_using(name: str, *uses: str) -> dict:
+    """A pod (a proxy pod as its API server keeps it) whose containers use config maps."""
     return {
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "uid": name,
-            "labels": {keys.PARENT_UID: "p-" + name},
-            "annotations": {keys.PARENT_CLUSTER_NAME: parent_cluster},
+        "metadata": {"name": name, "namespace": NS, "uid": "p-" + name},
+        "spec": {
+            "containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": u}} for u in uses]}]
         },
-        "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": uses}}]}]},
     }
+
+
+def delegate(name: str, uses: str, parent_cluster: str = ME) -> dict:
+    """The delegate a cluster makes of ``pod_using(name, uses)``."""
+    proxy = pod_using(name, uses)
+    made = delegate_pod(proxy, proxy, parent_cluster)
+    made["metadata"]["uid"] = "d-" + name
+    return made
 
 
 class World:
     def __init__(self) -> None:
         self.local, self.api = fake_cluster("local")
         self.registry = TargetRegistry()
-        self.follow = Follow(self.local, self.registry, cluster_name=ME)
+        self.proxies = proxy_informer(self.local)
+        self.follow = Follow(self.local, DelegateLookup(self.registry, self.proxies, ME))
         self.maps = self.follow.followers[CONFIG_MAP]
         self.events: list[str] = []
         self.maps.events = type(
@@ -126,6 +141,7 @@ class World:
             PODS, NS, label_selector=DELEGATE_LABEL_SELECTOR, transform=slim_delegate
         )
         delegates.add_indexer(REFERENCE_INDEX, by_reference)
+        delegates.add_indexer(DELEGATE_INDEX, by_parent_uid)
         if synced:
             delegates._synced.set()
         connection = TargetConnection(
@@ -137,9 +153,26 @@ class World:
         self.targets[name] = (connection, client)
         return connection
 
-    def delegate(self, target: str, pod: dict) -> None:
+    def proxy(self, pod: dict, target: str | None) -> None:
+        """``pod`` as a proxy pod bound to ``target``'s virtual node (None: not bound)."""
+        node = self.targets[target][0].node_name if target else None
+        proxy = _copy.deepcopy(pod)
+        proxy["spec"].update(schedulerName="admiralty-proxy", nodeName=node)
+        proxy["metadata"]["finalizers"] = [keys.FINALIZER]  # as the webhook leaves it
+        self.proxies.store.put(f"{NS}/{pod['metadata']['name']}", slim_proxy(proxy))
+
+    def delegate(self, target: str, pod: dict, *, bound: str | None = "") -> None:
+        """A delegate in ``target``, its proxy pod bound there (or to ``bound``; None: no proxy)."""
         connection, _ = self.targets[target]
         connection.delegates.store.put(f"{NS}/{pod['metadata']['name']}", slim_delegate(pod))
+        if bound is not None:
+            parent = pod["metadata"]["annotations"][keys.PARENT_NAME]
+            uses = [
+                e["configMapRef"]["name"]
+                for c in pod["spec"]["containers"]
+                for e in c.get("envFrom") or ()
+            ]
+            self.proxy(pod_using(parent, *uses), bound or target)
 
     def copy(self, target: str, source: dict, cluster_name: str = ME, created: str = OLD) -> None:
         connection, client = self.targets[target]
@@ -271,3 +304,56 @@ async def test_prepare_returns_in_time_whatever_the_target_does(world, monkeypat
     fast = world.connect("fast")
     await world.follow.prepare(fast, pod)
     assert world.targets["fast"][1].calls == [("create", "settings")]
+
+
+# -- pods that only claim to be delegates ---------------------------------------------------------
+
+
+def labelled_like(pod: dict, **changes) -> dict:
+    """``pod`` as someone who may create pods in the target would copy it."""
+    forged = _copy.deepcopy(pod)
+    forged["metadata"].update(uid="forged", **changes)
+    return forged
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        pytest.param(lambda d: labelled_like(d, name="mine"), id="another name"),
+        pytest.param(lambda d: labelled_like(d, namespace="other"), id="another namespace"),
+    ],
+)
+async def test_a_pod_carrying_a_proxys_uid_gets_nothing(world, forged):
+    """The proxy pod exists and is bound to c2; a pod there copies its labels and annotations
+    and says it uses "settings": that is not its delegate."""
+    world.source(config_map())
+    world.connect("c2")
+    real = delegate("d1", "settings")
+    world.proxy(pod_using("d1", "settings"), "c2")
+    world.delegate("c2", forged(real), bound=None)
+    await world.reconcile()
+    assert world.targets["c2"][1].calls == []
+    assert "finalizers" not in world.api.objects["settings"]["metadata"]
+
+
+async def test_a_delegate_counts_only_where_its_proxy_pod_is_placed(world):
+    world.source(config_map())
+    world.connect("c2")
+    world.connect("c3")
+    world.delegate("c2", delegate("d1", "settings"), bound="c3")
+    await world.reconcile()
+    assert world.targets["c2"][1].calls == []
+
+
+async def test_only_what_the_proxy_pod_itself_uses_follows(world):
+    """A pod in the target under the delegate's name (the delegate deleted, say) may claim any
+    config map of the namespace: only those the proxy pod uses too are copied."""
+    world.source(config_map())
+    world.source(config_map("private"))
+    world.connect("c2")
+    world.proxy(pod_using("d1", "settings"), "c2")
+    claims = delegate("d1", "private")
+    world.delegate("c2", claims, bound=None)
+    await world.reconcile("private")
+    assert world.targets["c2"][1].calls == []
+    assert "finalizers" not in world.api.objects["private"]["metadata"]

@@ -15,6 +15,7 @@ from multicluster import AlreadyExists, Cluster, ClusterConfig, Conflict, Forbid
 from multicluster.resources import EVENTS, PODS, SERVICES
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.proxy import PROXY_FIELD_SELECTOR
+from multicluster_scheduler.scheduler.controller import proxy_informer
 from multicluster_scheduler.services import controller
 from multicluster_scheduler.services.controller import (
     LOOK_AGAIN,
@@ -22,6 +23,7 @@ from multicluster_scheduler.services.controller import (
     RETRY_CONFLICT,
     ServiceSync,
 )
+from multicluster_scheduler.targets.delegates import DelegateLookup
 from multicluster_scheduler.targets.registry import TargetConnection, TargetRegistry
 from multicluster_scheduler.virtual_kubelet.pods import PodSync
 
@@ -149,7 +151,13 @@ def service(name: str = "nginx", selector: dict | None = None, **annotations) ->
 
 def proxy(name: str, **labels: str) -> dict:
     return {
-        "metadata": {"name": name, "namespace": NS, "uid": name, "labels": labels},
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": name,
+            "labels": labels,
+            "finalizers": [keys.FINALIZER],  # as the webhook leaves it
+        },
         "spec": {"schedulerName": "admiralty-proxy"},
     }
 
@@ -204,6 +212,17 @@ async def world():
     yield made
     for task in made.sync._watching.values():
         task.cancel()
+
+
+async def test_a_pod_naming_our_scheduler_without_our_finalizer_reroutes_nothing(world: World):
+    """A pod anyone could write (``schedulerName: admiralty-proxy``, no webhook) is no proxy
+    pod: the Service that selects it is left as its user wrote it."""
+    by_hand = proxy("nginx-1", app="nginx")
+    by_hand["metadata"]["finalizers"] = []
+    world.add_proxy(by_hand)
+    world.api.add(service())
+    assert await world.reconcile() is None
+    assert world.original()["spec"]["selector"] == {"app": "nginx"}
 
 
 async def test_the_guides_service_is_rerouted_and_copied_to_c2_only(world: World):
@@ -402,7 +421,7 @@ async def test_a_stale_cache_is_a_reason_to_look_again_not_an_error(world: World
 def test_one_watch_of_proxy_pods_serves_the_virtual_kubelet_and_services():
     local, _api = cluster("local")
     registry = TargetRegistry()
-    pods = PodSync(local, registry, cluster_name=CLUSTER)
+    pods = PodSync(local, DelegateLookup(registry, proxy_informer(local), CLUSTER))
     sync = ServiceSync(local, registry, cluster_name=CLUSTER)
     assert sync.proxies is pods.proxies
     watches = [

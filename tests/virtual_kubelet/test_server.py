@@ -9,6 +9,9 @@ import orjson
 import pytest
 from multidict import MultiDict
 
+from multicluster_scheduler.api import keys
+from multicluster_scheduler.api.proxy import delegate_pod
+from multicluster_scheduler.targets.delegates import DelegateLookup
 from multicluster_scheduler.targets.registry import TargetConnection, TargetRegistry
 from multicluster_scheduler.virtual_kubelet.access import server_context, user_of
 from multicluster_scheduler.virtual_kubelet.channels import log_params, status_frame, stream_params
@@ -102,25 +105,31 @@ class Delegates:
         self.pods = pods
 
     def by_index(self, _index: str, uid: str) -> list[dict]:
-        return [p for p in self.pods if p["metadata"]["labels"]["parent-uid"] == uid]
+        return [p for p in self.pods if p["metadata"]["labels"][keys.PARENT_UID] == uid]
+
+
+ME = "me"
 
 
 def proxy(name: str, node: str, uid: str = "u1") -> dict:
     return {"metadata": {"name": name, "namespace": "ns", "uid": uid}, "spec": {"nodeName": node}}
 
 
-def delegate(name: str, uid: str, deleting: bool = False) -> dict:
-    meta = {"name": name, "namespace": "ns", "labels": {"parent-uid": uid}}
+def delegate(of: dict, *, deleting: bool = False, cluster: str = ME, **meta: str) -> dict:
+    """The delegate cluster ``cluster`` makes of proxy pod ``of`` (``meta``: changed)."""
+    made = delegate_pod(of, {"spec": {"containers": [{"name": "c"}]}}, cluster)
+    made["metadata"].update({"uid": "d-" + made["metadata"]["name"], **meta})
     if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta}
+        made["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return made
 
 
 def server(proxies: Proxies, *connections: TargetConnection, leading: bool = True):
     registry = TargetRegistry()
     for connection in connections:
         registry.connections[connection.node_name] = connection
-    return KubeletServer(proxies, registry, None, host="", port=0, leading=lambda: leading)
+    lookup = DelegateLookup(registry, proxies, ME)  # type: ignore[arg-type]
+    return KubeletServer(lookup, None, host="", port=0, leading=lambda: leading)
 
 
 def connected(name: str, *delegates: dict, ready: bool = True) -> TargetConnection:
@@ -132,10 +141,13 @@ def connected(name: str, *delegates: dict, ready: bool = True) -> TargetConnecti
 
 
 def test_a_request_finds_the_live_delegate_in_the_pods_target():
-    c2 = connected("c2", delegate("old", "u1", deleting=True), delegate("p-x", "u1"))
-    found = server(Proxies(proxy("p", c2.node_name)), c2).locate("ns", "p")
+    c2 = connected("c2")
+    p = proxy("p", c2.node_name)
+    live = delegate(p)
+    c2.delegates = Delegates(delegate(p, deleting=True, uid="old"), live)  # type: ignore
+    found = server(Proxies(p), c2).locate("ns", "p")
     assert found.connection is c2
-    assert found.name == "p-x"
+    assert found.delegate is live
 
 
 def test_what_is_missing_is_said():
@@ -257,17 +269,19 @@ def new_client_certificate(ca):
 
 
 def test_only_this_clusters_delegate_in_the_pods_namespace_gets_the_session():
-    def made(name: str, cluster: str, namespace: str = "ns") -> dict:
-        pod = delegate(name, "u1")
-        pod["metadata"]["namespace"] = namespace
-        pod["metadata"]["annotations"] = {"multicluster.admiralty.io/parent-cluster-name": cluster}
-        return pod
-
-    c2 = connected("c2", made("planted", "other"), made("elsewhere", "me", "ns2"), made("p", "me"))
-    api = server(Proxies(proxy("p", c2.node_name)), c2)
-    api.cluster_name = "me"
-    assert api.locate("ns", "p").name == "p"
-    c2.delegates = Delegates(made("planted", "other"))  # type: ignore[assignment]
+    """Pods that copy the proxy's uid (and anything else they can) are not its delegate."""
+    c2 = connected("c2")
+    p = proxy("p", c2.node_name)
+    planted = [
+        delegate(p, cluster="other"),
+        delegate(p, namespace="ns2"),
+        delegate(p, name="p-planted"),
+    ]
+    real = delegate(p)
+    c2.delegates = Delegates(*planted, real)  # type: ignore[assignment]
+    api = server(Proxies(p), c2)
+    assert api.locate("ns", "p").delegate is real
+    c2.delegates = Delegates(*planted)  # type: ignore[assignment]
     with pytest.raises(KubeletError, match="is not found in target c2"):
         api.locate("ns", "p")
 
@@ -309,7 +323,8 @@ async def test_a_new_client_ca_replaces_the_old_for_new_connections(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    api = KubeletServer(Proxies(), TargetRegistry(), None, host="127.0.0.1", port=port)
+    lookup = DelegateLookup(TargetRegistry(), Proxies(), ME)  # type: ignore[arg-type]
+    api = KubeletServer(lookup, None, host="127.0.0.1", port=port)
     serving_task = asyncio.create_task(api.serve(context_for(old_ca)))
     for _ in range(100):
         if api.started:
