@@ -1,7 +1,8 @@
 """What a Source or ClusterSource should have made, and what to do about what exists.
 
 Pure functions, so every decision is tested without a cluster: the service account and the
-bindings a source asks for (names as the user guide gives them), the labels that say whose
+bindings a source asks for (names as the user guide gives them, with a hash when joining the
+parts could make two sources' names collide), the labels that say whose
 they are, whether an existing binding is kept, updated, recreated (its roleRef is immutable)
 or left alone because we did not make it, and the owner references that let several sources
 share one service account we made.
@@ -9,6 +10,7 @@ share one service account we made.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -18,7 +20,7 @@ from multicluster.resources import CLUSTER_ROLE_BINDINGS, ROLE_BINDINGS, SERVICE
 
 from ..api import keys
 from ..api.conditions import ready_condition as ready_condition
-from ..api.naming import unique_name
+from ..api.naming import HASH_LENGTH, unique_name
 from ..api.resources import CLUSTER_SOURCES, SOURCES
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
@@ -181,16 +183,39 @@ def _check_service_account(source: dict, namespace: str, name: str) -> None:
         )
 
 
+def binding_name(head: str, variable: tuple[str, ...], tail: str = "") -> str:
+    """``head``, the variable parts and ``tail`` joined with ``-``, as the user guide names
+    bindings; when a variable part holds a ``-``, joining could give two sources one name
+    (Source ``b-c`` in ``a`` and ``c`` in ``a-b``; ClusterSource ``x-cluster-summary-viewer``
+    and the viewer binding of ``x``): then 10 hex digits of SHA-256 of all the parts joined
+    with ``/`` (which no part holds) are appended, as virtual node names do. Never cut: RBAC
+    names have no length limit (names made before, without the hash, are replaced: the
+    controller deletes what it made for a source and no longer wants)."""
+    parts = [*head.split("-"), *variable, *([tail] if tail else [])]
+    name = "-".join(parts)
+    if not any("-" in part for part in variable):
+        return name
+    digest = hashlib.sha256("/".join(parts).encode()).hexdigest()[:HASH_LENGTH]
+    return f"{name}-{digest}"
+
+
 def binding_names(source: dict) -> tuple[str, str]:
     """Names of the (Cluster)RoleBinding to the source role and of the ClusterRoleBinding to
-    the summary viewer role, as the user guide gives them."""
+    the summary viewer role: the user guide's when no part holds a ``-`` (see
+    :func:`binding_name`). A Source's RoleBinding lives in its namespace, where no other
+    source's binding can take its name: it is never hashed."""
     meta = source["metadata"]
     namespace, name = meta.get("namespace"), meta["name"]
+    viewer = "cluster-summary-viewer"
     if namespace:
-        base = f"admiralty-source-{name}"
-        return base, f"admiralty-source-{namespace}-{name}-cluster-summary-viewer"
-    base = f"admiralty-clustersource-{name}"
-    return base, f"{base}-cluster-summary-viewer"
+        return (
+            f"admiralty-source-{name}",
+            binding_name("admiralty-source", (namespace, name), viewer),
+        )
+    return (
+        binding_name("admiralty-clustersource", (name,)),
+        binding_name("admiralty-clustersource", (name,), viewer),
+    )
 
 
 def desired_bindings(source: dict) -> list[Binding]:
