@@ -56,6 +56,17 @@ def agent_log(testbed: TestBed, cluster: str) -> Path:
 
 
 @pytest.fixture(scope="module")
+def installation(testbed: TestBed):
+    """The broken Targets are more than one namespace connects by default (10)."""
+    install = Installation(testbed, agent_args=("--max-targets-per-namespace=100",))
+    install.install()
+    install.start_agents()
+    yield install
+    if install.installed:
+        install.uninstall()
+
+
+@pytest.fixture(scope="module")
 def bed(installation: Installation, testbed: TestBed, kubectl: Kubectl):
     suffix = uuid.uuid4().hex[:8]
     names = {"pods": f"bp{suffix}", "targets": f"bt{suffix}", "sources": f"bs{suffix}"}
@@ -337,8 +348,18 @@ BROKEN = {
     ),
     "server-not-a-url": Broken(
         lambda c: {"config": c.good(cluster_field(server="not a url"))},
-        "Unreachable",
-        "not%20a%20url/apis/multicluster.admiralty.io",
+        "InvalidKubeconfig",
+        "the server URL is not an http:// or https:// URL",
+    ),
+    # A path and a query would make the agent call any URL of any address it can reach.
+    "server-with-a-path": Broken(
+        lambda c: {
+            "config": c.good(
+                cluster_field(server=f"http://127.0.0.1:{c.health_port}/metrics?name[]=")
+            )
+        },
+        "InvalidKubeconfig",
+        "the server URL has a path and a query",
     ),
     "unresolvable-host": Broken(
         lambda c: {"config": c.good(cluster_field(server="https://no-such-host.invalid:6443"))},
@@ -743,7 +764,8 @@ UNSCHEDULABLE = {
     ),
     "a-proxy-without-manifest": (
         pod("mimic", elect=False, schedulerName="admiralty-proxy"),
-        f"invalid proxy pod: the proxy pod has no {MANIFEST} annotation",
+        f"not a proxy pod made by the webhook (it has no {MANIFEST} annotation and no "
+        f"{GROUP}/multiclusterForegroundDeletion finalizer)",
     ),
     "unknown-affinity-operator": (
         pod("sometimes", affinity=required({"key": "zone", "operator": "Sometimes"})),

@@ -1,0 +1,495 @@
+"""Tenants try to reach through the agent what they may not: the pods and Secrets of other
+namespaces, of the source through the target, and placement in namespaces that did not opt in.
+
+Each test is an attack as a user with only namespaced rights would make it (``kubectl --as``,
+bound to the cluster's own ``edit`` and ``view`` roles): pods that copy a proxy pod's uid and this
+cluster's name into their labels and annotations, in another namespace, in the target cluster,
+or where a delegate would be; a pod that claims ``schedulerName: admiralty-proxy`` in a namespace
+that never opted in. A pod counts as a delegate only if the agent could have made it (in the proxy
+pod's namespace, under the name derived from it, in a target that serves that namespace, where the
+proxy pod is placed), and config maps and Secrets follow only what the proxy pod itself uses.
+
+The last test is no attack but a user's ordinary mistake: a ClusterTarget joined next to a
+namespaced Target of the same cluster; both reach the same place, and nothing fights.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from e2e.cluster import TestBed, wait_for
+from e2e.cluster.install import NAMESPACE as RELEASE_NAMESPACE
+from e2e.cluster.install import Installation
+from e2e.kubectl import Kubectl
+from e2e.test_join import join
+from e2e.test_scheduling import (
+    PREFIX,
+    all_running,
+    condition,
+    live,
+    nginx,
+    nothing_left,
+    pods,
+    proxies,
+)
+from e2e.topology import SOURCE, TARGET, connect, disconnect, node_ready
+
+GROUP = "multicluster.admiralty.io/v1alpha1"
+ENABLED = "multicluster-scheduler=enabled"
+WATCH = 20.0  # how long an attack is given to work: placements take well under a second
+NOWHERE = {"topology.kubernetes.io/region": "nowhere"}  # no node of any cluster has it
+
+
+# -- the tenants ----------------------------------------------------------------------------------
+
+
+def fresh_namespace(kubectl: Kubectl, testbed: TestBed) -> str:
+    name = f"t{uuid.uuid4().hex[:8]}"
+    for context in testbed.clusters:
+        kubectl(context, "create", "namespace", name)
+    return name
+
+
+@pytest.fixture
+def tenants(testbed: TestBed, kubectl: Kubectl) -> Iterator[tuple[str, str]]:
+    """Namespaces A (the victim's) and B (the attacker's), in both clusters."""
+    made = [fresh_namespace(kubectl, testbed) for _ in range(2)]
+    yield made[0], made[1]
+    for name in made:
+        for context in testbed.clusters:
+            kubectl(context, "delete", "namespace", name, "--wait=false")
+
+
+def grant(kubectl: Kubectl, context: str, user: str, role: str, namespace: str) -> None:
+    """``user`` gets the cluster's own ``role`` (edit, view) in ``namespace``, nothing else."""
+    kubectl(
+        context, "create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}",
+        f"--user={user}", "-n", namespace,
+    )  # fmt: skip
+
+
+def as_user(user: str) -> str:
+    return f"--as={user}"
+
+
+def cluster_name(kubectl: Kubectl) -> str:
+    """The source's name on its delegates (the uid of its kube-system namespace): anyone can
+    read it on any delegate or copy."""
+    return kubectl.json(SOURCE, "get", "namespace", "kube-system")["metadata"]["uid"]
+
+
+def impostor(name: str, namespace: str, proxy: dict, source: str, **spec) -> dict:
+    """A pod labelled and annotated as ``proxy``'s delegate, made by someone else."""
+    meta = proxy["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {PREFIX + "parent-uid": meta["uid"]},
+            "annotations": {
+                PREFIX + "parent-cluster-name": source,
+                PREFIX + "parent-name": meta["name"],
+                PREFIX + "parent-namespace": meta["namespace"],
+                "injected-by": "attacker",
+            },
+        },
+        "spec": {"containers": [{"name": "c", "image": "busybox"}], **spec},
+    }
+
+
+def elected_pod(name: str, node_selector: dict[str, str] | None = None) -> dict:
+    spec: dict = {"containers": [{"name": "c", "image": "busybox"}]}
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {PREFIX + "elect": ""}},
+        "spec": spec,
+    }
+
+
+def proxy_pod(kubectl: Kubectl, namespace: str, name: str) -> dict:
+    return kubectl.json(SOURCE, "get", "pod", name, "-n", namespace)
+
+
+def delegates_named(kubectl: Kubectl, uid: str) -> list[tuple[str, str, str]]:
+    """(cluster, namespace, name) of every pod anywhere that carries ``uid`` as its parent."""
+    return [
+        (context, p["metadata"]["namespace"], p["metadata"]["name"])
+        for context in (SOURCE, TARGET)
+        for p in kubectl.json(context, "get", "pods", "-A", "-l", f"{PREFIX}parent-uid={uid}")[
+            "items"
+        ]
+    ]
+
+
+def holds_for(seconds: float, check, what: str) -> None:
+    """``check()`` (which asserts) passes again and again for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        check()
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(1)
+
+
+# -- targets --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster_targets(installation: Installation, testbed: TestBed, kubectl: Kubectl):
+    """``make(self_target: bool)``: ClusterTarget c2 (cluster2, joined cluster-scoped) and, if
+    asked, ClusterTarget c1 (cluster1 itself), Ready; removed afterwards."""
+    made: list[str] = []
+
+    def make(self_target: bool = True) -> None:
+        proc = join(testbed, "--cluster-scoped", "--name", "c1", "--target-name", "c2")
+        assert proc.returncode == 0, proc.stderr
+        made.append("c2")
+        if self_target:
+            kubectl.apply(
+                SOURCE,
+                {
+                    "apiVersion": GROUP,
+                    "kind": "ClusterTarget",
+                    "metadata": {"name": "c1"},
+                    "spec": {"self": True},
+                },
+            )
+            made.append("c1")
+        for name in made:
+            node = f"admiralty-cluster-{name}"
+            wait_for(lambda n=node: node_ready(kubectl, n) == "True", 30, what=f"{node} Ready")
+
+    yield make
+    for name in made:
+        kubectl(SOURCE, "delete", "clustertarget", name, "--ignore-not-found", "--wait=false")
+    if made:
+        kubectl(SOURCE, "delete", "secret", "c2", "-n", RELEASE_NAMESPACE, "--ignore-not-found")
+        kubectl(TARGET, "delete", "clustersource", "c1", "--ignore-not-found", "--wait=false")
+        for name in made:
+            wait_for(
+                lambda n=name: node_ready(kubectl, f"admiralty-cluster-{n}") is None,
+                60,
+                what=f"virtual node of ClusterTarget {name} gone",
+            )
+
+
+def self_target(kubectl: Kubectl, name: str, namespace: str) -> None:
+    kubectl.apply(
+        SOURCE,
+        {
+            "apiVersion": GROUP,
+            "kind": "Target",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"self": True},
+        },
+    )
+    node = f"admiralty-namespace-{namespace}-{name}"
+    wait_for(lambda: node_ready(kubectl, node) == "True", 30, what=f"{node} Ready")
+
+
+def cleanup(kubectl: Kubectl, *namespaces: str) -> None:
+    for namespace in namespaces:
+        for kind in ("jobs", "deployments", "pods"):
+            kubectl(SOURCE, "delete", kind, "--all", "-n", namespace, "--wait=false")
+            kubectl(TARGET, "delete", kind, "--all", "-n", namespace, "--wait=false")
+    for namespace in namespaces:
+        wait_for(lambda n=namespace: nothing_left(kubectl, n), 60, what=f"{namespace} emptied")
+
+
+# -- 1. a target's user asks for the source's Secrets ---------------------------------------------
+
+
+def test_a_target_user_cannot_pull_a_source_secret_with_a_labelled_pod(
+    cluster_targets, kubectl: Kubectl, namespace: str
+):
+    """Eve may edit one namespace of cluster2 (the target), nothing in cluster1. cluster1 has a
+    Secret of the same namespace name (which never opted in). Eve's pod says it is a delegate
+    of cluster1 and mounts that Secret: before, the follow controller copied it to her."""
+    cluster_targets(self_target=False)
+    value = secrets.token_urlsafe(24)
+    kubectl(
+        SOURCE, "create", "secret", "generic", "vault-token", f"--from-literal=token={value}",
+        "-n", namespace,
+    )  # fmt: skip
+    grant(kubectl, TARGET, "eve", "edit", namespace)
+    fake_proxy = {"metadata": {"uid": str(uuid.uuid4()), "name": "web", "namespace": namespace}}
+    pod = impostor(
+        "web-reader", namespace, fake_proxy, cluster_name(kubectl),
+        volumes=[{"name": "s", "secret": {"secretName": "vault-token"}}],
+        containers=[{"name": "c", "image": "busybox", "volumeMounts": [
+            {"name": "s", "mountPath": "/s"}]}],
+    )  # fmt: skip
+    kubectl(TARGET, as_user("eve"), "create", "-f", "-", stdin=json.dumps(pod))
+    try:
+
+        def not_copied() -> None:
+            found = kubectl.run(TARGET, "get", "secret", "vault-token", "-n", namespace, "-o",
+                                "json", check=False)  # fmt: skip
+            assert found.returncode != 0, "the source's Secret was copied to the target: " + (
+                base64.b64decode(json.loads(found.stdout)["data"]["token"]).decode()
+            )
+
+        holds_for(WATCH, not_copied, "no copy")
+        source = kubectl.json(SOURCE, "get", "secret", "vault-token", "-n", namespace)
+        assert PREFIX + "multiclusterForegroundDeletion" not in (
+            source["metadata"].get("finalizers") or ()
+        )
+    finally:
+        kubectl(TARGET, "delete", "pod", "web-reader", "-n", namespace, "--ignore-not-found",
+                "--wait=false")  # fmt: skip
+
+
+# -- 2. pods that carry another tenant's proxy uid ------------------------------------------------
+
+
+@pytest.mark.parametrize("through", ["ClusterTarget", "the attacker's own Target"])
+def test_a_pod_of_another_namespace_carrying_a_proxy_uid_takes_nothing_over(
+    installation: Installation,
+    cluster_targets,
+    kubectl: Kubectl,
+    tenants: tuple[str, str],
+    through: str,
+):
+    """Mallory may edit namespace B and view namespace A of cluster1. A's elected Job waits
+    (its node selector fits no target). Mallory's Job in B carries the waiting proxy pod's uid
+    and this cluster's name: before, A's pod was bound to a virtual node (through a self
+    ClusterTarget, or through B's own self Target) and A's Job marked Complete."""
+    a, b = tenants
+    for name in (a, b):
+        kubectl(SOURCE, "label", "namespace", name, ENABLED)
+    if through == "ClusterTarget":
+        cluster_targets(self_target=True)
+    else:
+        self_target(kubectl, "mine", b)
+        self_target(kubectl, "theirs", a)
+    grant(kubectl, SOURCE, "mallory", "edit", b)
+    grant(kubectl, SOURCE, "mallory", "view", a)
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "report"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {PREFIX + "elect": ""}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": NOWHERE,
+                    "containers": [{"name": "c", "image": "busybox"}],
+                },
+            },
+        },
+    }
+    kubectl.apply(SOURCE, job, "-n", a)
+    try:
+
+        def explained() -> dict:
+            found = live(proxies(kubectl, a))
+            return found[0] if found and condition(found[0], "PodScheduled") else {}
+
+        victim = wait_for(explained, 30, what="A's proxy pod Unschedulable")
+        seen = kubectl.json(SOURCE, as_user("mallory"), "get", "pod",
+                            victim["metadata"]["name"], "-n", a)  # fmt: skip
+        forged = impostor("x", b, seen, cluster_name(kubectl))
+        kubectl.apply(
+            SOURCE,
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "takeover"},
+                "spec": {
+                    "template": {
+                        "metadata": {k: forged["metadata"][k] for k in ("labels", "annotations")},
+                        "spec": {**forged["spec"], "restartPolicy": "Never"},
+                    }
+                },
+            },
+            "-n", b, as_user("mallory"),
+        )  # fmt: skip
+        wait_for(
+            lambda: any(
+                p["status"].get("phase") in ("Running", "Succeeded")
+                for p in pods(kubectl, SOURCE, b)
+            ),
+            30,
+            what="mallory's pods running",
+        )
+
+        def untouched() -> None:
+            now = proxy_pod(kubectl, a, victim["metadata"]["name"])
+            assert not now["spec"].get("nodeName"), f"bound to {now['spec']['nodeName']}"
+            assert now["status"].get("phase") == "Pending", now["status"]
+            assert "injected-by" not in (now["metadata"].get("annotations") or {})
+            status = kubectl.json(SOURCE, "get", "job", "report", "-n", a).get("status") or {}
+            assert not status.get("succeeded"), status
+
+        holds_for(WATCH, untouched, "A's pod left alone")
+    finally:
+        cleanup(kubectl, a, b)
+        kubectl(SOURCE, "delete", "targets", "--all", "-n", a, "--wait=false")
+        kubectl(SOURCE, "delete", "targets", "--all", "-n", b, "--wait=false")
+
+
+def test_a_target_user_cannot_flip_a_running_proxy_with_a_pod_of_its_uid(
+    cluster_targets, kubectl: Kubectl, tenants: tuple[str, str]
+):
+    """A's pod runs in cluster2. Eve may edit A's and B's namespaces of cluster2: her pods
+    there carry the proxy pod's uid (one in B, one in A under another name), then Succeed.
+    Before, the proxy pod took one of their statuses (Succeeded, their pod IP) while its real
+    delegate ran on."""
+    a, b = tenants
+    cluster_targets(self_target=False)
+    kubectl(SOURCE, "label", "namespace", a, ENABLED)
+    for namespace in (a, b):
+        grant(kubectl, TARGET, "eve", "edit", namespace)
+    kubectl.apply(SOURCE, elected_pod("web"), "-n", a)
+    try:
+
+        def running() -> dict:
+            pod = proxy_pod(kubectl, a, "web")
+            return pod if pod["status"].get("phase") == "Running" else {}
+
+        proxy = wait_for(running, 30, what="A's pod Running in cluster2")
+        real = kubectl.json(TARGET, "get", "pods", "-n", a, "-l", PREFIX + "parent-uid")["items"]
+        assert len(real) == 1
+        source = cluster_name(kubectl)
+        for name, namespace in (("web-copy", a), ("web", b)):
+            fake = impostor(name, namespace, proxy, source, restartPolicy="Never")
+            job = {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "template": {
+                        "metadata": {k: fake["metadata"][k] for k in ("labels", "annotations")},
+                        "spec": fake["spec"],
+                    }
+                },
+            }
+            kubectl(TARGET, as_user("eve"), "create", "-f", "-", stdin=json.dumps(job))
+
+        def mirrors_its_delegate() -> None:
+            now = proxy_pod(kubectl, a, "web")
+            assert now["status"].get("phase") == "Running", now["status"]
+            assert now["status"].get("podIP") == real[0]["status"].get("podIP")
+            assert "injected-by" not in (now["metadata"].get("annotations") or {})
+
+        holds_for(WATCH, mirrors_its_delegate, "the proxy pod mirrors its own delegate")
+        assert len(kubectl.json(TARGET, "get", "pods", "-n", a, "-l",
+                                f"{PREFIX}parent-uid={proxy['metadata']['uid']},"
+                                "!batch.kubernetes.io/job-name")["items"]) == 1  # fmt: skip
+    finally:
+        cleanup(kubectl, a, b)
+
+
+# -- 5. a namespace that never opted in -----------------------------------------------------------
+
+
+def test_a_pod_claiming_the_proxy_scheduler_outside_enabled_namespaces_is_not_placed(
+    cluster_targets, kubectl: Kubectl, namespace: str
+):
+    """Mallory may edit namespace C, which is not labelled multicluster-scheduler=enabled (the
+    webhook never sees its pods). She writes what the webhook would have written herself:
+    ``schedulerName: admiralty-proxy``, the toleration and a manifest. Before, a ClusterTarget
+    placed it and its delegate ran."""
+    cluster_targets(self_target=True)
+    grant(kubectl, SOURCE, "mallory", "edit", namespace)
+    manifest = {"metadata": {"name": "sneaky"}, "spec": elected_pod("sneaky")["spec"]}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "sneaky",
+            "annotations": {PREFIX + "sourcepod-manifest": json.dumps(manifest)},
+        },
+        "spec": {
+            "schedulerName": "admiralty-proxy",
+            "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+            "containers": [{"name": "c", "image": "busybox"}],
+        },
+    }
+    kubectl(SOURCE, as_user("mallory"), "create", "-n", namespace, "-f", "-",
+            stdin=json.dumps(pod))  # fmt: skip
+    try:
+        uid = proxy_pod(kubectl, namespace, "sneaky")["metadata"]["uid"]
+
+        def unplaced() -> None:
+            pod = proxy_pod(kubectl, namespace, "sneaky")
+            assert not pod["spec"].get("nodeName"), f"placed on {pod['spec']['nodeName']}"
+            assert delegates_named(kubectl, uid) == []
+
+        holds_for(WATCH / 2, unplaced, "never placed")
+        message = condition(proxy_pod(kubectl, namespace, "sneaky"), "PodScheduled").get("message")
+        print(message)
+        assert f"namespace {namespace} is not enabled" in (message or "")
+    finally:
+        kubectl(SOURCE, "delete", "pod", "sneaky", "-n", namespace, "--wait=false")
+
+
+# -- 7. a ClusterTarget next to a namespaced Target of the same cluster ---------------------------
+
+
+def test_a_cluster_target_next_to_a_namespaced_target_of_the_same_cluster_fights_no_one(
+    installation: Installation,
+    testbed: TestBed,
+    cluster_targets,
+    kubectl: Kubectl,
+    namespace: str,
+):
+    """Targets c1 and c2 serve the namespace, 10 pods run; then the platform team joins cluster2
+    cluster-scoped too. Before, the agent deleted delegates as "bound to another target" and
+    proxy pods failed with DelegateLost until the ClusterTarget was deleted."""
+    connect(kubectl, testbed, namespace)
+    kubectl(SOURCE, "label", "namespace", namespace, ENABLED)
+    kubectl(SOURCE, "apply", "-n", namespace, "-f", "-", stdin=nginx(10))
+    try:
+        wait_for(lambda: all_running(kubectl, namespace, 10), 60, what="10 Running")
+        cluster_targets(self_target=False)
+        first = {
+            p["metadata"]["uid"]: p["spec"].get("nodeName") for p in proxies(kubectl, namespace)
+        }
+
+        def delegates_by_parent() -> dict[str, list[str]]:
+            found: dict[str, list[str]] = {}
+            for context in (SOURCE, TARGET):
+                for pod in pods(kubectl, context, namespace, "-l", PREFIX + "parent-uid"):
+                    if not pod["metadata"].get("deletionTimestamp"):
+                        parent = pod["metadata"]["labels"][PREFIX + "parent-uid"]
+                        found.setdefault(parent, []).append(pod["metadata"]["uid"])
+            return found
+
+        seen = delegates_by_parent()
+
+        def stable() -> None:
+            now = {p["metadata"]["uid"]: p for p in proxies(kubectl, namespace)}
+            assert set(now) == set(first), "a proxy pod was replaced"
+            failed = [p["status"].get("reason") for p in now.values()
+                      if p["status"].get("phase") != "Running"]  # fmt: skip
+            assert not failed, failed
+            assert delegates_by_parent() == seen, "a delegate was deleted or duplicated"
+
+        holds_for(30, stable, "nothing fights")
+        kubectl(SOURCE, "scale", "deployment", "nginx", "--replicas=20", "-n", namespace)
+        wait_for(lambda: all_running(kubectl, namespace, 20), 60, what="20 Running")
+        placed = {p["spec"]["nodeName"] for p in proxies(kubectl, namespace)}
+        print("placed on", sorted(placed))
+        by_parent = delegates_by_parent()
+        assert all(len(v) == 1 for v in by_parent.values()), by_parent
+        lost = kubectl(SOURCE, "get", "events", "-n", namespace, "--field-selector",
+                       "reason=DelegateLost")  # fmt: skip
+        assert "DelegateLost" not in lost
+    finally:
+        cleanup(kubectl, namespace)
+        disconnect(kubectl, namespace)
