@@ -4,6 +4,9 @@ There is no container runtime and no binary download here, only Go and the Go mo
 each tool is compiled from its module: a scratch module per tool requires the pinned version and
 builds its main packages. Results live under ``~/.cache/multicluster-scheduler/testbin`` keyed by
 tool, version and Go version, so a warm machine reuses them and a pin change rebuilds one tool.
+
+Tools of a named group (``group = "real-node"``: kubelet and containerd) are built only when that
+group is asked for, into a folder of their own: the clusters of the test bed never wait for them.
 """
 
 from __future__ import annotations
@@ -39,17 +42,21 @@ class Tool:
     staging_version: str | None = None
     stages: list[str] = field(default_factory=list)
     stamp: dict[str, str] = field(default_factory=dict)
+    group: str = ""  # "": the test bed's own; otherwise built only when that group is asked for
 
     def fingerprint(self) -> str:
-        """Changes with anything that changes the build's output."""
-        spec = json.dumps(self.__dict__, sort_keys=True).encode()
-        return hashlib.sha256(spec).hexdigest()[:8]
+        """Changes with anything that changes the build's output (not with its group)."""
+        spec = {k: v for k, v in self.__dict__.items() if k != "group"}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def load_pins(path: Path = PINS_FILE) -> list[Tool]:
+def load_pins(path: Path = PINS_FILE, group: str = "") -> list[Tool]:
+    """The pinned Go tools of ``group`` ("" for the test bed's own); tables without a module
+    pin something else (the image's base, read by :mod:`e2e.image`)."""
     with path.open("rb") as f:
         pins = tomllib.load(f)
-    return [Tool(name=name, **spec) for name, spec in pins.items()]
+    tools = [Tool(name=name, **spec) for name, spec in pins.items() if "module" in spec]
+    return [t for t in tools if t.group == group]
 
 
 def cache_root() -> Path:
@@ -80,9 +87,10 @@ def tool_dir(tool: Tool, gover: str) -> Path:
     return cache_root() / "tools" / f"{tool.name}-{tool.version}-{gover}-{tool.fingerprint()}"
 
 
-def bin_dir(tools: list[Tool] | None = None, gover: str | None = None) -> Path:
-    """The folder holding every pinned binary (and kwok's stage files) for this machine's Go."""
-    tools = tools if tools is not None else load_pins()
+def bin_dir(tools: list[Tool] | None = None, gover: str | None = None, group: str = "") -> Path:
+    """The folder holding every pinned binary of ``group`` (and kwok's stage files) for this
+    machine's Go."""
+    tools = tools if tools is not None else load_pins(group=group)
     gover = gover or go_version()
     key = hashlib.sha256(json.dumps([t.fingerprint() for t in tools] + [gover]).encode())
     key = key.hexdigest()[:12]
@@ -162,13 +170,14 @@ def build_tool(tool: Tool, gover: str, log) -> Path:
     return out
 
 
-def build(log=None) -> Path:
-    """Build every pinned tool (cached) and return the folder holding all binaries.
+def build(log=None, group: str = "") -> Path:
+    """Build every pinned tool of ``group`` (cached) and return the folder holding their
+    binaries.
 
     Safe to call from several processes at once: the first builds, the others wait for it.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    tools = load_pins()
+    tools = load_pins(group=group)
     gover = go_version()
     target = bin_dir(tools, gover)
     if (target / ".complete").exists():

@@ -77,3 +77,22 @@ def test_bin_dir_changes_with_any_pin(monkeypatch, tmp_path):
     assert testbin.bin_dir(tools, "go1.27.0") != first
     assert testbin.bin_dir(tools, "go1.26.0") == first
     assert first.parent == tmp_path
+
+
+def test_real_node_tools_are_a_group_of_their_own():
+    tools = {t.name: t for t in testbin.load_pins(group="real-node")}
+    assert set(tools) == {"kubelet", "containerd"}
+    kubernetes = next(t for t in testbin.load_pins() if t.name == "kubernetes")
+    assert tools["kubelet"].version == kubernetes.version, "kubelet matches the control plane"
+    assert tools["kubelet"].packages == ["k8s.io/kubernetes/cmd/kubelet"]
+    commands = {p.rsplit("/", 1)[1] for p in tools["containerd"].packages}
+    assert commands == {"containerd", "containerd-shim-runc-v2", "ctr"}
+    assert tools["containerd"].version.startswith("v2.")
+
+
+def test_a_group_changes_neither_a_tools_cache_key_nor_the_test_beds_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("MCS_TESTBIN_CACHE", str(tmp_path))
+    tool = testbin.Tool(name="x", module="example.com/x", version="v1.0.0", packages=["a"])
+    grouped = testbin.Tool(**{**tool.__dict__, "group": "real-node"})
+    assert grouped.fingerprint() == tool.fingerprint()
+    assert testbin.bin_dir(group="real-node", gover="go1.26.0") != testbin.bin_dir(gover="go1.26.0")
