@@ -1,13 +1,16 @@
 # The agent's image: built in one stage, run as non-root on a read-only root filesystem.
 #   docker build -t multicluster-scheduler .
-FROM python:3.12-slim AS build
+# BASE_IMAGE: any image with Python >= 3.11 and pip on its PATH (`./dev image` builds one with
+# Debian's Python when no Docker daemon can pull this one).
+ARG BASE_IMAGE=python:3.12-slim
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY multicluster multicluster
 COPY multicluster_scheduler multicluster_scheduler
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.12-slim
+FROM ${BASE_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
