@@ -3,6 +3,10 @@
 ``up`` starts a supervisor process in its own session and returns once every cluster is ready;
 the components are bound to that supervisor (they die with it). ``down`` stops the supervisor,
 which stops its components; any component still found is killed.
+
+``--real-nodes`` adds a real node (kubelet and containerd, :mod:`e2e.realnode`) to every
+cluster, holding the agent's image built here; with ``--install``, the chart is then installed
+as users install it, its agents in their pods on those nodes (:mod:`e2e.cluster.incluster`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..testbin import BuildError, build
+from ..testbin import build
+from .incluster import InClusterInstallation
 from .install import Installation
 from .testbed import ClusterSpec, TestBed
 
@@ -45,7 +50,13 @@ def parse_specs(args: argparse.Namespace) -> list[ClusterSpec]:
             labels[name][key] = value
     allocatable = {"cpu": args.node_cpu, "memory": args.node_memory, "pods": args.node_pods}
     return [
-        ClusterSpec(name=n, nodes=args.nodes, allocatable=dict(allocatable), node_labels=labels[n])
+        ClusterSpec(
+            name=n,
+            nodes=args.nodes,
+            allocatable=dict(allocatable),
+            node_labels=labels[n],
+            real_node=args.real_nodes,
+        )
         for n in names
     ]
 
@@ -68,7 +79,7 @@ def _is_ours(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return False
-    return b"e2e.cluster" in cmdline or b"testbin" in cmdline or b"/bin-" in cmdline
+    return any(mark in cmdline for mark in (b"e2e.cluster", b"e2e.realnode", b"testbin", b"/bin-"))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -81,8 +92,17 @@ def serve(args: argparse.Namespace) -> int:
     # While starting, a stop request aborts the start (TestBed.up stops what it started).
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
-    bed = TestBed(parse_specs(args), directory, Path(args.bin_dir))
     _write_state(directory, supervisor=os.getpid(), phase="starting")
+    real_nodes = agent_image = None
+    if args.real_nodes:
+        from e2e.realnode import prepare
+
+        try:
+            real_nodes, agent_image = prepare()  # built by `up` already: cached
+        except Exception as e:
+            _write_state(directory, supervisor=os.getpid(), phase="failed", error=str(e))
+            return 1
+    bed = TestBed(parse_specs(args), directory, Path(args.bin_dir), real_nodes=real_nodes)
     try:
         bed.up(timeout=args.timeout)
     except Exception as e:
@@ -92,9 +112,13 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     if args.install:
         try:
-            installation = Installation(bed, agents_per_cluster=args.agents)
-            installation.install()
-            installation.start_agents()
+            if agent_image is not None:
+                installation = InClusterInstallation(bed, agent_image.name)
+                installation.install()
+            else:
+                installation = Installation(bed, agents_per_cluster=args.agents)
+                installation.install()
+                installation.start_agents()
         except Exception as e:
             bed.down()
             _write_state(directory, supervisor=os.getpid(), phase="failed", error=str(e))
@@ -105,7 +129,7 @@ def serve(args: argparse.Namespace) -> int:
         dead = [p.name for p in bed.processes() if not p.running]
         if dead:
             print(f"component(s) exited: {', '.join(dead)}", file=sys.stderr, flush=True)
-    if args.install:
+    if args.install and isinstance(installation, Installation):
         installation.stop_agents()
     bed.down()
     _write_state(directory, phase="stopped")
@@ -142,7 +166,11 @@ def up(args: argparse.Namespace) -> int:
     down(directory)
     try:
         bin_dir = build()
-    except BuildError as e:
+        if args.real_nodes:
+            from e2e.realnode import prepare
+
+            prepare()
+    except Exception as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     (directory / STATE_FILE).unlink(missing_ok=True)
@@ -154,6 +182,8 @@ def up(args: argparse.Namespace) -> int:
         argv += ["--node-label", label]
     if args.install:
         argv += ["--install", "--agents", str(args.agents)]
+    if args.real_nodes:
+        argv += ["--real-nodes"]
     started = time.monotonic()
     with (directory / "supervisor.log").open("ab") as log:
         proc = subprocess.Popen(
@@ -211,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
             help="helm install the chart into every cluster and run its agents locally",
         )
         p.add_argument("--agents", type=int, default=1, help="agents per cluster (with --install)")
+        p.add_argument(
+            "--real-nodes",
+            action="store_true",
+            help="one real node per cluster (kubelet, containerd) holding the agent's image "
+            "built here; with --install, the agents run there as the chart deploys them",
+        )
         if name == "serve":
             p.add_argument("--bin-dir", required=True)
     p = sub.add_parser("down", help="stop everything started by up")

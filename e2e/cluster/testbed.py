@@ -17,14 +17,20 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .pki import CertificateAuthority, KeyPair, signing_key_pair
 from .process import Process
 from .rest import ApiError, RestClient
 
+if TYPE_CHECKING:
+    from e2e.realnode.node import RealNode, RealNodes
+
 SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.244.0.0/16"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Stages of our own (pods that exit with a chosen code), next to kwok's.
@@ -60,6 +66,9 @@ class ClusterSpec:
     client_qps: int | None = None
     # GOMEMLIMIT per component, over MEMORY_LIMITS (benchmarks hold 10,000s of pods).
     memory_limits: dict[str, str] = field(default_factory=dict)
+    # One real node besides the fake ones: kubelet and containerd (e2e.realnode), for what must
+    # run in containers (the agent's image, as the chart deploys it).
+    real_node: bool = False
 
 
 def free_ports(count: int) -> list[int]:
@@ -157,6 +166,9 @@ class Cluster:
         self.processes: dict[str, Process] = {}
         self.ca: CertificateAuthority | None = None
         self.admin: KeyPair | None = None
+        self.real_node: RealNode | None = None
+        # Addresses besides 127.0.0.1 where clients reach the API server (pods of real nodes).
+        self.server_addresses: tuple[str, ...] = ()
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -176,7 +188,7 @@ class Cluster:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ip_addresses=("127.0.0.1", "10.96.0.1"),
+            ip_addresses=("127.0.0.1", KUBERNETES_SERVICE_IP, *self.server_addresses),
             server=True,
         ).write(pki, "apiserver")
         ca.issue(
@@ -328,6 +340,17 @@ class Cluster:
                 "--log-level=warn",
             ],
         )
+        real_node_flags = []
+        if self.real_node is not None:
+            real_node_flags = [
+                # Pods are reached through the node's relay (e2e.realnode.relay), and the
+                # webhook behind the chart's Service at its pods' addresses: the API server
+                # runs on this machine, where there is no route to pods nor kube-proxy.
+                f"--egress-selector-config-file={self.real_node.egress_configuration()}",
+                "--enable-aggregator-routing=true",
+                # Nodes by address: their names resolve nowhere.
+                "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP",
+            ]
         self._process(
             "kube-apiserver",
             [
@@ -353,6 +376,7 @@ class Cluster:
                 # The `kubernetes` Service cannot point at a loopback address.
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
+                *real_node_flags,
             ],
         )
         self._process(
@@ -405,6 +429,9 @@ class Cluster:
                 f"--config={self.dir / 'kwok-debugging.yaml'}",
             ],
         )
+        if self.real_node is not None:
+            assert self.ca is not None
+            self.processes["real-node"] = self.real_node.prepare(self.ca, pki / "ca.crt")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -415,13 +442,26 @@ class Cluster:
         self.processes[component].stop(timeout)
 
     def stop_all(self) -> None:
-        """Everything else first (agents), then the control plane in reverse start order."""
+        """Everything else first (agents, the real node), then the control plane in reverse
+        start order."""
+        if self.real_node is not None:
+            # Its state is thrown away, and unshare(1) would ignore SIGTERM: killing its first
+            # process ends every process of the node at once (see e2e.realnode.init).
+            self.processes["real-node"].kill()
+            self.real_node.remove_cgroup()
         for name, process in self.processes.items():
             if name not in COMPONENTS:
                 process.stop()
         for name in reversed(COMPONENTS):
             if name in self.processes:
                 self.processes[name].stop()
+
+    def start_real_node(self) -> None:
+        """The real node's cgroup and process, then its images (once containerd answers)."""
+        assert self.real_node is not None
+        self.real_node.create_cgroup()
+        self.start("real-node")
+        self.real_node.import_images()
 
     def wait_apiserver_ready(self, timeout: float = 60.0) -> None:
         """Block until /readyz answers ok (call from a thread when an event loop must run)."""
@@ -547,6 +587,11 @@ class Cluster:
         fake = [n for n in nodes if n["metadata"].get("annotations", {}).get(FAKE_NODE_ANNOTATION)]
         if len(fake) < self.spec.nodes:
             return False
+        if self.real_node is not None:
+            real = [n for n in nodes if n["metadata"]["name"] == self.real_node.name]
+            fake += real
+            if not real:
+                return False
         for node in fake:
             conditions = node.get("status", {}).get("conditions", [])
             if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
@@ -570,7 +615,13 @@ class TestBed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, specs: list[ClusterSpec], directory: Path, bin_dir: Path) -> None:
+    def __init__(
+        self,
+        specs: list[ClusterSpec],
+        directory: Path,
+        bin_dir: Path,
+        real_nodes: RealNodes | None = None,
+    ) -> None:
         names = [s.name for s in specs]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"cluster names must be distinct and non-empty: {names}")
@@ -583,6 +634,27 @@ class TestBed:
         self.bin_dir = bin_dir
         self.clusters = {s.name: Cluster(s, directory / s.name, bin_dir) for s in specs}
         self.kubeconfig = directory / "kubeconfig"
+        if any(s.real_node for s in specs):
+            if real_nodes is None:
+                raise ValueError("clusters with a real node need real_nodes (e2e.realnode)")
+            self._add_real_nodes(real_nodes)
+
+    def _add_real_nodes(self, setup: RealNodes) -> None:
+        from e2e.realnode.node import HOST_ADDRESS, RealNode
+
+        ports = [c.apiserver_port for c in self.clusters.values()]
+        for cluster in self.clusters.values():
+            # Pods of every real node reach every API server at HOST_ADDRESS.
+            cluster.server_addresses = (HOST_ADDRESS,)
+            if cluster.spec.real_node:
+                cluster.real_node = RealNode(
+                    cluster.name,
+                    cluster.dir / "node",
+                    setup,
+                    cluster.apiserver_port,
+                    ports,
+                    KUBERNETES_SERVICE_IP,
+                )
 
     def __getitem__(self, name: str) -> Cluster:
         return self.clusters[name]
@@ -604,6 +676,8 @@ class TestBed:
             for cluster in self.clusters.values():
                 cluster.bootstrap()
                 cluster.create_nodes()
+                if cluster.real_node is not None:
+                    cluster.start_real_node()
             self._phase(
                 ["kube-controller-manager", "kube-scheduler", "kwok"],
                 lambda c: c.ready(),
@@ -648,15 +722,25 @@ class TestBed:
         return [p for c in self.clusters.values() for p in c.processes.values()]
 
     def log_tails(self, lines: int = 30) -> str:
-        return "\n".join(
-            f"--- {p.name} ({p.log_path})\n{p.log_tail(lines)}" for p in self.processes()
-        )
+        tails = [f"--- {p.name} ({p.log_path})\n{p.log_tail(lines)}" for p in self.processes()]
+        for cluster in self.clusters.values():
+            for path in cluster.real_node.log_paths() if cluster.real_node else ():
+                tails.append(f"--- {cluster.name}/{path.stem} ({path})\n{_tail(path, lines)}")
+        return "\n".join(tails)
 
     def kubectl_env(self) -> dict[str, str]:
         return dict(os.environ) | {
             "KUBECONFIG": str(self.kubeconfig),
             "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         }
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with path.open(errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+    except FileNotFoundError:
+        return ""
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):

@@ -1,0 +1,147 @@
+"""The product installed as users install it: ``helm install`` of the chart's Deployment, from the
+image built here, onto the test bed's real nodes.
+
+The chart's defaults stay as they are (two replicas with leader election, the webhook behind
+the chart's Service with the CA the agent makes, the kubelet API on the pod, probes, uid 65532
+on a read-only root filesystem), except what any user sets: the image, and where the agent may
+run (a node selector and a toleration for the real node, which keeps workloads off with a
+taint). Compare :mod:`e2e.cluster.install`, where the agents run as local processes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from e2e.realnode import REAL_NODE_KEY
+
+from .install import CHART, NAMESPACE, RELEASE
+from .testbed import TestBed, wait_for
+
+SELECTOR = f"app.kubernetes.io/name={RELEASE}"
+
+
+def chart_values(image: str) -> dict:
+    """The values a user of these clusters would set: the image, and the nodes for the agent."""
+    repository, _, tag = image.rpartition(":")
+    return {
+        "image": {"repository": repository, "tag": tag},
+        "agent": {
+            "nodeSelector": {REAL_NODE_KEY: "true"},
+            "tolerations": [{"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+
+
+class InClusterInstallation:
+    def __init__(self, bed: TestBed, image: str) -> None:
+        self.bed = bed
+        self.image = image
+        self.values_file = bed.dir / "in-cluster-values.json"
+        self.installed = False
+        self.install_seconds: dict[str, float] = {}
+
+    def _env(self) -> dict[str, str]:
+        helm_home = self.bed.dir / "helm"
+        return self.bed.kubectl_env() | {
+            "HELM_CACHE_HOME": str(helm_home / "cache"),
+            "HELM_CONFIG_HOME": str(helm_home / "config"),
+            "HELM_DATA_HOME": str(helm_home / "data"),
+        }
+
+    def run(self, *argv: str, timeout: float = 300) -> str:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, env=self._env(), timeout=timeout, check=False
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout}{proc.stderr}")
+        return proc.stdout
+
+    def helm(self, context: str, *args: str, timeout: float = 300) -> str:
+        helm = str(self.bed.bin_dir / "helm")
+        return self.run(helm, "--kube-context", context, *args, timeout=timeout)
+
+    def kubectl(self, context: str, *args: str, timeout: float = 60) -> str:
+        kubectl = str(self.bed.bin_dir / "kubectl")
+        return self.run(kubectl, "--context", context, *args, timeout=timeout)
+
+    def install(self) -> None:
+        """helm install into every cluster, and wait until both replicas are ready in each."""
+        self.values_file.write_text(json.dumps(chart_values(self.image), indent=2))
+        for name in self.bed.clusters:
+            started = time.monotonic()
+            self.helm(
+                name,
+                "install",
+                RELEASE,
+                str(CHART),
+                "--namespace",
+                NAMESPACE,
+                "--create-namespace",
+                "-f",
+                str(self.values_file),
+                "--wait",
+                "--timeout=4m",
+            )
+            self.installed = True
+            self.install_seconds[name] = time.monotonic() - started
+        for name in self.bed.clusters:
+            wait_for(
+                lambda n=name: self.leader(n),
+                60,
+                interval=0.5,
+                what=f"a leader of the agents in {name}",
+            )
+
+    def pods(self, context: str) -> list[dict]:
+        out = self.kubectl(context, "get", "pods", "-n", NAMESPACE, "-l", SELECTOR, "-o", "json")
+        return json.loads(out)["items"]
+
+    def ready_pods(self, context: str) -> list[dict]:
+        return [
+            p
+            for p in self.pods(context)
+            if not p["metadata"].get("deletionTimestamp")
+            and any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions") or ()
+            )
+        ]
+
+    def leader(self, context: str) -> str:
+        """The pod that holds the agents' leader-election Lease ("" when none does)."""
+        return self.kubectl(
+            context,
+            "get",
+            "lease",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--ignore-not-found",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ).strip()
+
+    def upgrade(self, context: str, *set_values: str) -> float:
+        """``helm upgrade --reuse-values --wait`` with more values; the seconds it took."""
+        started = time.monotonic()
+        args = [a for v in set_values for a in ("--set", v)]
+        self.helm(
+            context,
+            "upgrade",
+            RELEASE,
+            str(CHART),
+            "-n",
+            NAMESPACE,
+            "--reuse-values",
+            *args,
+            "--wait",
+            "--timeout=4m",
+        )
+        return time.monotonic() - started
+
+    def uninstall(self) -> None:
+        for name in self.bed.clusters:
+            self.helm(name, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+        self.installed = False

@@ -1,0 +1,26 @@
+"""Real nodes for the test bed: kubelet and containerd in namespaces of their own, holding the
+agent's image built here (see :mod:`e2e.realnode.node`)."""
+
+from __future__ import annotations
+
+from e2e.host import IMAGE_PACKAGES, REAL_NODE_PACKAGES, ensure_packages, real_node_blocker
+from e2e.image import Image, build_agent_image, build_pause_image
+from e2e.testbin import build
+
+from .node import HOST_ADDRESS, REAL_NODE_KEY, RealNode, RealNodes
+
+
+def prepare(log=None) -> tuple[RealNodes, Image]:
+    """Everything real nodes need, built or installed when missing (cached): Debian packages,
+    kubelet and containerd, the pause image and the agent's image; and that agent image."""
+    blocker = real_node_blocker()
+    if blocker:
+        raise RuntimeError(blocker)
+    ensure_packages(REAL_NODE_PACKAGES + IMAGE_PACKAGES, log)
+    bin_dir = build(log, group="real-node")
+    pause = build_pause_image(log)
+    agent = build_agent_image(log)
+    return RealNodes(bin_dir, pause.name, [pause.archive, agent.archive]), agent
+
+
+__all__ = ["HOST_ADDRESS", "REAL_NODE_KEY", "RealNode", "RealNodes", "prepare"]
