@@ -5,6 +5,12 @@ seconds, after which controllers start anyway and the laggard keeps retrying in 
 (reported in logs, metrics and ``/readyz``). Clusters may be added and removed while running.
 With leader election, caches run on every replica (a successor is warm) and controllers that
 need it run only on the leader, stopping the moment the lease is lost.
+
+Stopping can drain (``shutdown_delay``): the leader's work stops at once and its lease is released,
+``/readyz`` answers 503, but the other runnables (a webhook server) keep serving for that long
+before they stop. Behind a Service, a replica told to stop is still sent requests until its
+endpoints' removal has reached every client (API servers resolve webhook Services themselves);
+answered meanwhile, none of them fails.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class Manager:
         health_port: int | None = None,
         health_host: str = "0.0.0.0",
         tune_gc: bool = True,
+        shutdown_delay: float = 0.0,
     ) -> None:
         self.leader_election = leader_election
         self._election_cluster = leader_election_cluster
@@ -47,6 +54,8 @@ class Manager:
         self.health_port = health_port
         self.health_host = health_host
         self.tune_gc = tune_gc
+        self.shutdown_delay = shutdown_delay
+        self.draining = False
         self.clusters: dict[str, Cluster] = {}
         self._required: set[str] = set()
         self.controllers: list[Controller] = []
@@ -139,13 +148,17 @@ class Manager:
             leader_only = [c.run for c in self.controllers if c.needs_leader_election]
             leader_only += [run for run, needs_leader in self._runnables if needs_leader]
             tasks += [loop.create_task(run()) for run in always]
+            leading = None
             if leader_only:
-                tasks.append(loop.create_task(self._lead(leader_only), name="leader-election"))
+                leading = loop.create_task(self._lead(leader_only), name="leader-election")
+                tasks.append(leading)
             stop = loop.create_task(self._stop.wait())
             done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is not stop and not task.cancelled() and task.exception():
                     raise task.exception()
+            if stop in done and self.shutdown_delay > 0:
+                await self._drain(leading, [t for t in tasks if t is not leading])
         finally:
             self._running = False
             for task in (*tasks, *self._background):
@@ -158,6 +171,16 @@ class Manager:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             log.info("manager stopped")
+
+    async def _drain(self, leading: asyncio.Task | None, serving: list[asyncio.Task]) -> None:
+        """Stop leading now (the lease is released), keep serving ``shutdown_delay`` more."""
+        self.draining = True
+        log.info("stopping: draining seconds=%.1f", self.shutdown_delay)
+        if leading is not None:
+            leading.cancel()
+            await asyncio.gather(leading, return_exceptions=True)
+        if serving:
+            await asyncio.wait(serving, timeout=self.shutdown_delay)
 
     async def _wait_for_caches(self) -> None:
         async def wait(cluster: Cluster) -> None:
@@ -234,6 +257,8 @@ class Manager:
         return web.Response(text="ok")
 
     async def _readyz(self, _request: web.Request) -> web.Response:
+        if self.draining:
+            return web.Response(status=503, text="shutting down")
         lagging = sorted(
             n for n, c in self.clusters.items() if n in self._required and not c.has_synced
         )

@@ -117,6 +117,12 @@ class AgentSettings(BaseModel):
     leader_election_lease_duration: float = 15.0
     leader_election_renew_deadline: float = 10.0
     leader_election_retry_period: float = 2.0
+    shutdown_delay: float = Field(
+        0.0,
+        ge=0,
+        description="after SIGTERM, how long the webhook keeps answering (the lease is released "
+        "at once): behind a Service, until API servers have seen this replica leave",
+    )
     source_controller: bool = True
     webhook_process: bool = Field(
         True, description="serve the webhook from a process of its own, not the agent's loop"
@@ -165,6 +171,7 @@ class AgentSettings(BaseModel):
         "leader_election_renew_deadline",
         "leader_election_retry_period",
         "delegate_timeout",
+        "shutdown_delay",
         mode="before",
     )
     @classmethod
@@ -250,6 +257,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--leader-election-lease-duration", default=env("leader-election-lease-duration", "15s"))
     add("--leader-election-renew-deadline", default=env("leader-election-renew-deadline", "10s"))
     add("--leader-election-retry-period", default=env("leader-election-retry-period", "2s"))
+    add(
+        "--shutdown-delay",
+        default=env("shutdown-delay", "0s"),
+        help="after SIGTERM, how long the webhook keeps answering while the lease is already "
+        "released (behind a Service: until API servers see the replica gone; default 0s)",
+    )
     add("--cluster-name", default=env("cluster-name"), help="default: the kube-system uid")
     add("--client-qps", default=env("client-qps", "200"), help="API requests/s per cluster")
     add("--client-burst", default=env("client-burst", "400"))
@@ -346,6 +359,7 @@ async def run(settings: AgentSettings) -> None:
         ),
         health_port=settings.health_port,
         health_host=settings.health_host,
+        shutdown_delay=settings.shutdown_delay,
     )
     manager.add_cluster(cluster)
     exclude = (
