@@ -3,11 +3,16 @@
 Set ``MCS_E2E_CLUSTERS`` (comma-separated names, default ``cluster1,cluster2``) to change them.
 Component logs of the run are kept under pytest's temporary folder; when an e2e test fails, the
 tail of each one is attached to its report.
+
+``real_node_testbed`` is another test bed, for one module at a time: cluster1 and cluster2 with a
+real node each (kubelet, containerd, the agent's image built here), skipped with the reason
+where real nodes cannot run.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -18,6 +23,8 @@ from e2e.kubectl import Kubectl
 from e2e.testbin import build
 
 _testbed: TestBed | None = None
+_module_testbed: TestBed | None = None
+REGION = "topology.kubernetes.io/region"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -42,6 +49,37 @@ def testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> TestBed:
     _testbed = bed
     yield bed
     _testbed = None
+    bed.down()
+
+
+@pytest.fixture(scope="module")
+def real_node_testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """cluster1 (fake nodes in region us) and cluster2 (eu), each with one real node that holds
+    the agent's image built here: (the test bed, the image's name). Everything it needs is built
+    or installed first when missing (cached)."""
+    global _module_testbed
+    from e2e.host import real_node_blocker
+    from e2e.realnode import prepare
+
+    blocker = real_node_blocker()
+    if blocker:
+        pytest.skip(blocker)
+    started = time.monotonic()
+    setup, image = prepare()
+    prepared = time.monotonic()
+    specs = [
+        ClusterSpec(name="cluster1", node_labels={REGION: "us"}, real_node=True),
+        ClusterSpec(name="cluster2", node_labels={REGION: "eu"}, real_node=True),
+    ]
+    bed = TestBed(specs, tmp_path_factory.mktemp("realnodes"), bin_dir, real_nodes=setup)
+    bed.up(timeout=300)
+    print(
+        f"\nreal nodes: set-up {prepared - started:.1f}s (image {image.size / 1e6:.0f} MB), "
+        f"two clusters with a real node each up in {time.monotonic() - prepared:.1f}s"
+    )
+    _module_testbed = bed
+    yield bed, image.name
+    _module_testbed = None
     bed.down()
 
 
@@ -98,5 +136,7 @@ async def connect(testbed: TestBed):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.failed and _testbed is not None and "e2e" in item.keywords:
-        report.sections.append(("test bed component logs", _testbed.log_tails()))
+    if report.failed and "e2e" in item.keywords:
+        for bed in (_testbed, _module_testbed):
+            if bed is not None:
+                report.sections.append((f"component logs of {bed.dir}", bed.log_tails()))
