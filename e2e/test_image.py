@@ -9,6 +9,10 @@ from e2e.host import image_blocker
 from e2e.image import Image, build_agent_image
 from e2e.image.builder import builder
 
+# On a fresh machine the first build makes the image's base too (./dev test does it before
+# pytest).
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def image() -> Image:

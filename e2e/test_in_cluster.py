@@ -47,6 +47,9 @@ from e2e.test_scheduling import (
 )
 from e2e.topology import SOURCE, TARGET
 
+# On a fresh machine the module's set-up builds kubelet, containerd and the image first (./dev
+# test does it before pytest).
+pytestmark = pytest.mark.timeout(1200)
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = (SOURCE, TARGET)
 GUIDE = "guide"  # the namespace of the guide's objects, in both clusters
