@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -89,7 +90,7 @@ def cli(*args: str, kubeconfig: Path) -> str:
         capture_output=True,
         text=True,
         timeout=120,
-        env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        env=dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONPATH=str(ROOT)),
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
