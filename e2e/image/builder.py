@@ -258,12 +258,14 @@ class _Locked:
         self.file.close()
 
 
-def _apt_sources() -> tuple[str, str]:
-    """The Debian archive and security archive apt uses here (Debian's own by default)."""
-    text = ""
-    for path in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]:
-        if path.is_file():
-            text += path.read_text(errors="replace") + "\n"
+def apt_sources(text: str | None = None) -> tuple[str, str]:
+    """The Debian archive and security archive apt uses here (Debian's own by default), from
+    ``text`` (one-line or deb822 sources) or this machine's apt sources."""
+    if text is None:
+        text = ""
+        for path in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*")]:
+            if path.is_file():
+                text += path.read_text(errors="replace") + "\n"
     uris = re.findall(r"(?:URIs:\s*|^deb\s+(?:\[[^\]]*\]\s+)?)(\S+)", text, re.M)
     security = next((u for u in uris if u.rstrip("/").endswith("debian-security")), None)
     archive = next((u for u in uris if u.rstrip("/").endswith("/debian")), None)
@@ -290,7 +292,7 @@ def build_base(build: Buildah, log) -> str:
     work = Path(tempfile.mkdtemp(prefix="base-", dir=cache))
     try:
         rootfs = work / "rootfs"
-        archive, security = _apt_sources()
+        archive, security = apt_sources()
         log(f"making the image's base: debootstrap {suite} from {archive}")
         _run(
             [

@@ -22,8 +22,14 @@ def _args(**overrides) -> argparse.Namespace:
         node_memory="8Gi",
         node_pods="50",
         node_label=[],
+        real_nodes=False,
     )
     return argparse.Namespace(**(values | overrides))
+
+
+def test_real_nodes_are_asked_for_every_cluster():
+    assert [s.real_node for s in parse_specs(_args())] == [False, False]
+    assert [s.real_node for s in parse_specs(_args(real_nodes=True))] == [True, True]
 
 
 def test_node_labels_apply_to_one_cluster_or_all():
