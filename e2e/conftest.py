@@ -56,9 +56,10 @@ def testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> TestBed:
 def real_node_testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """cluster1 (fake nodes in region us) and cluster2 (eu), each with one real node that holds
     the agent's image built here: (the test bed, the image's name). Everything it needs is built
-    or installed first when missing (cached)."""
+    or installed first when missing (cached). ``bed.machine_before``: this machine's settings
+    before the real nodes started (:func:`e2e.host.machine_settings`)."""
     global _module_testbed
-    from e2e.host import real_node_blocker
+    from e2e.host import machine_settings, real_node_blocker
     from e2e.realnode import prepare
 
     blocker = real_node_blocker()
@@ -72,6 +73,7 @@ def real_node_testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         ClusterSpec(name="cluster2", node_labels={REGION: "eu"}, real_node=True),
     ]
     bed = TestBed(specs, tmp_path_factory.mktemp("realnodes"), bin_dir, real_nodes=setup)
+    bed.machine_before = machine_settings()
     bed.up(timeout=300)
     print(
         f"\nreal nodes: set-up {prepared - started:.1f}s (image {image.size / 1e6:.0f} MB), "

@@ -98,3 +98,36 @@ def ensure_packages(packages: tuple[str, ...], log=None) -> float:
     seconds = time.monotonic() - started
     log(f"installed Debian packages in {seconds:.0f}s")
     return seconds
+
+
+def machine_settings() -> dict[str, object]:
+    """What real nodes promise to leave as they found it on this machine: kernel settings,
+    network interfaces, addresses, routes and forwarding, iptables rules, and mounts (cgroup
+    hierarchies included)."""
+    settings: dict[str, object] = {}
+    for key in (
+        "vm/overcommit_memory",
+        "vm/panic_on_oom",
+        "kernel/panic",
+        "kernel/panic_on_oops",
+        "kernel/keys/root_maxkeys",
+        "kernel/keys/root_maxbytes",
+        "net/ipv4/ip_forward",
+        "net/ipv4/conf/all/route_localnet",
+        "net/bridge/bridge-nf-call-iptables",
+    ):
+        path = Path("/proc/sys") / key
+        settings[key] = path.read_text().strip() if path.exists() else None
+    settings["interfaces"] = sorted(os.listdir("/sys/class/net"))
+    for name, argv in (
+        ("addresses", ["ip", "-o", "address"]),
+        ("routes", ["ip", "route", "show", "table", "all"]),
+        ("iptables", ["iptables-save"]),
+    ):
+        if shutil.which(argv[0]):
+            out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+            # iptables-save stamps its output with the time.
+            settings[name] = [line for line in out.splitlines() if not line.startswith("#")]
+    with open("/proc/self/mountinfo") as f:
+        settings["mounts"] = sorted(line.split(" - ")[0].split()[4] for line in f)
+    return settings

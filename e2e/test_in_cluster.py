@@ -2,6 +2,7 @@
 ``./dev image`` builds, in clusters with a real node each (kubelet and containerd,
 :mod:`e2e.realnode`); then, on that installation, what users do and what they live through.
 
+- This machine's settings untouched while real nodes run pods.
 - Two agent pods per cluster on the real node, as uid 65532 on a read-only root filesystem,
   ready by their probes, one leading; the API server calls the webhook through the chart's
   Service with the CA the agent made.
@@ -34,6 +35,7 @@ import pytest
 from e2e.cluster import TestBed, wait_for
 from e2e.cluster.incluster import InClusterInstallation
 from e2e.cluster.install import NAMESPACE, RELEASE
+from e2e.host import machine_settings
 from e2e.kubectl import CommandError, Kubectl
 from e2e.realnode import HOST_ADDRESS
 from e2e.test_scheduling import (
@@ -203,6 +205,14 @@ def test_the_agents_run_in_their_pods(installed: InClusterInstallation, kube: Ku
         assert "became leader" in log
         assert "Forbidden" not in log, log
         assert " 403 " not in log, log
+
+
+def test_the_machine_is_left_as_it_was(installed, bed: TestBed):
+    """Real nodes running, with pods: this machine's kernel settings, interfaces, addresses,
+    routes, iptables and mounts are what they were before (their namespaces hold the rest)."""
+    now = machine_settings()
+    changed = {k: (v, now.get(k)) for k, v in bed.machine_before.items() if now.get(k) != v}
+    assert changed == {}
 
 
 def test_the_user_guide_in_cluster(installed, joined: list[str], kube: Kubectl):
