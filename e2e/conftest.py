@@ -79,6 +79,13 @@ def real_node_testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         f"\nreal nodes: set-up {prepared - started:.1f}s (image {image.size / 1e6:.0f} MB), "
         f"two clusters with a real node each up in {time.monotonic() - prepared:.1f}s"
     )
+    for cluster in bed.clusters.values():
+        node = cluster.real_node
+        ready = node.ready_after(cluster.rest.get(f"/api/v1/nodes/{node.name}"))
+        print(
+            f"{node.name}: Ready {ready:.0f}s after its start, "
+            f"images imported in {node.import_seconds:.1f}s"
+        )
     _module_testbed = bed
     yield bed, image.name
     _module_testbed = None

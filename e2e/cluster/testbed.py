@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -457,11 +458,11 @@ class Cluster:
                 self.processes[name].stop()
 
     def start_real_node(self) -> None:
-        """The real node's cgroup and process, then its images (once containerd answers)."""
+        """The real node's cgroup and process (its images: :meth:`RealNode.import_images`)."""
         assert self.real_node is not None
         self.real_node.create_cgroup()
+        self.real_node.started_at = time.time()
         self.start("real-node")
-        self.real_node.import_images()
 
     def wait_apiserver_ready(self, timeout: float = 60.0) -> None:
         """Block until /readyz answers ok (call from a thread when an event loop must run)."""
@@ -678,6 +679,7 @@ class TestBed:
                 cluster.create_nodes()
                 if cluster.real_node is not None:
                     cluster.start_real_node()
+            self._import_real_node_images()
             self._phase(
                 ["kube-controller-manager", "kube-scheduler", "kwok"],
                 lambda c: c.ready(),
@@ -687,6 +689,13 @@ class TestBed:
         except BaseException:
             self.down()
             raise
+
+    def _import_real_node_images(self) -> None:
+        """All real nodes at once: each import takes seconds."""
+        nodes = [c.real_node for c in self.clusters.values() if c.real_node is not None]
+        if nodes:
+            with ThreadPoolExecutor(len(nodes)) as pool:
+                list(pool.map(lambda node: node.import_images(), nodes))
 
     def _phase(self, components: list[str], probe, deadline: float, what: str) -> None:
         for cluster in self.clusters.values():

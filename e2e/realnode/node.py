@@ -30,6 +30,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from e2e.cluster.pki import CertificateAuthority
@@ -149,6 +150,8 @@ class RealNode:
         self.cgroup = f"{CGROUP_PREFIX}{os.getpid()}-{cluster}-{uuid.uuid4().hex[:6]}"
         self.logs = directory.parent / "logs"
         self.process: Process | None = None
+        self.started_at: float | None = None  # time.time() of the start, for reports
+        self.import_seconds: float | None = None
 
     @property
     def containerd_socket(self) -> Path:
@@ -409,8 +412,18 @@ disabled_plugins = [
             if time.monotonic() > deadline or not (self.process and self.process.running):
                 raise RuntimeError(f"{self.name}: containerd did not start; see {self.logs}")
             time.sleep(0.1)
+        started = time.monotonic()
         for archive in self.setup.images:
             self.ctr("images", "import", str(archive))
+        self.import_seconds = time.monotonic() - started
+
+    def ready_after(self, node: dict) -> float | None:
+        """Seconds from this node's start to its Node's Ready condition (1 s resolution)."""
+        for condition in (node.get("status") or {}).get("conditions") or ():
+            if condition["type"] == "Ready" and condition["status"] == "True":
+                ready = datetime.fromisoformat(condition["lastTransitionTime"])
+                return ready.timestamp() - (self.started_at or 0.0)
+        return None
 
     def ctr(self, *args: str, timeout: float = 120) -> str:
         argv = [str(self.setup.bin_dir / "ctr"), "--address", str(self.containerd_socket)]
