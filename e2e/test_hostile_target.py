@@ -28,10 +28,9 @@ from e2e.cluster import TestBed, wait_for
 from e2e.cluster.install import Installation
 from e2e.kubectl import Kubectl
 from e2e.test_scheduling import all_running, nginx, nothing_left
-from e2e.test_target_limits import as_tenant, grant_tenant, ready
-from e2e.topology import SOURCE, connect, disconnect, kubeconfig_for, secret
+from e2e.test_target_limits import as_tenant, grant_tenant, ready, tenant_target
+from e2e.topology import SOURCE, connect, disconnect, kubeconfig_for
 
-GROUP = "multicluster.admiralty.io/v1alpha1"
 CHART_MEMORY_LIMIT = 512 << 20  # values.yaml: agent.resources.limits.memory
 MIB = 1 << 20
 LIST_BYTES = 100 * MIB
@@ -188,16 +187,7 @@ def same_agent(installation: Installation, pid: int) -> None:
 
 def hostile_target(kubectl: Kubectl, testbed: TestBed, namespace: str, server: str) -> None:
     """The tenant's Secret and Target ``evil``, pointing at ``server``."""
-    config = kubeconfig_for(testbed, "any-token", server=server)
-    as_tenant(kubectl, namespace, "apply", "-f", "-",
-              stdin=json.dumps(secret("evil", namespace, {"config": config})))  # fmt: skip
-    target = {
-        "apiVersion": GROUP,
-        "kind": "Target",
-        "metadata": {"name": "evil", "namespace": namespace},
-        "spec": {"kubeconfigSecret": {"name": "evil"}},
-    }
-    as_tenant(kubectl, namespace, "apply", "-f", "-", stdin=json.dumps(target))
+    tenant_target(kubectl, namespace, kubeconfig_for(testbed, "any-token", server=server))
 
 
 def target_condition(kubectl: Kubectl, namespace: str) -> dict:

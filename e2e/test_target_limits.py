@@ -75,6 +75,19 @@ subjects: [{{kind: User, apiGroup: rbac.authorization.k8s.io, name: {TENANT}}}]
         assert answer.stdout.strip() == "no", f"the tenant may {verb} {what}: not a tenant"
 
 
+def tenant_target(kubectl: Kubectl, namespace: str, config: str) -> None:
+    """The tenant's Secret and Target ``evil``, with kubeconfig ``config``."""
+    as_tenant(kubectl, namespace, "apply", "-f", "-",
+              stdin=json.dumps(secret("evil", namespace, {"config": config})))  # fmt: skip
+    target = {
+        "apiVersion": GROUP,
+        "kind": "Target",
+        "metadata": {"name": "evil", "namespace": namespace},
+        "spec": {"kubeconfigSecret": {"name": "evil"}},
+    }
+    as_tenant(kubectl, namespace, "apply", "-f", "-", stdin=json.dumps(target))
+
+
 def virtual_nodes(kubectl: Kubectl, namespace: str) -> list[dict]:
     selector = f"{PREFIX}target-namespace={namespace}"
     return kubectl.json(SOURCE, "get", "nodes", "-l", selector)["items"]
@@ -250,17 +263,7 @@ def test_a_hostile_summary_gives_its_virtual_node_no_reserved_label_and_no_absur
     node = node_name(namespace, "evil")
     try:
         kubectl(TARGET, "replace", "-f", "-", stdin=json.dumps(hostile_summary()))
-        config = kubeconfig_for(testbed, token)
-        as_tenant(kubectl, namespace, "apply", "-f", "-", stdin=json.dumps(
-            secret("evil", namespace, {"config": config})
-        ))  # fmt: skip
-        target = {
-            "apiVersion": GROUP,
-            "kind": "Target",
-            "metadata": {"name": "evil", "namespace": namespace},
-            "spec": {"kubeconfigSecret": {"name": "evil"}},
-        }
-        as_tenant(kubectl, namespace, "apply", "-f", "-", stdin=json.dumps(target))
+        tenant_target(kubectl, namespace, kubeconfig_for(testbed, token))
 
         def read() -> dict | None:
             proc = kubectl.run(SOURCE, "get", "node", node, "-o", "json", check=False)

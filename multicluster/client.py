@@ -321,10 +321,16 @@ class Client:
         to one object; all pages together may not exceed ``max_list_bytes``."""
         path = resource.path(namespace)
         context = f"GET {path} on {self.name}"
+        pages = self._pages(path, context, label_selector, field_selector, limit)
+        async for page in self._pausing(context, pages):
+            yield page
+
+    async def _pausing(self, context: str, items: AsyncIterator[dict]) -> AsyncIterator[dict]:
+        """``items``, unless the server is paused; a bad answer among them pauses it."""
         self.bad_answers.check(context)
         try:
-            async for page in self._pages(path, context, label_selector, field_selector, limit):
-                yield page
+            async for item in items:
+                yield item
         except BadResponse as e:
             self.bad_answers.record(e)
             raise
@@ -423,13 +429,9 @@ class Client:
         )
         path = resource.path(namespace)
         context = f"WATCH {path} on {self.name}"
-        self.bad_answers.check(context)
-        try:
-            async for event in self._events(path, context, params, idle_timeout, on_open):
-                yield event
-        except BadResponse as e:
-            self.bad_answers.record(e)
-            raise
+        events = self._events(path, context, params, idle_timeout, on_open)
+        async for event in self._pausing(context, events):
+            yield event
 
     async def _events(
         self, path: str, context: str, params: Any, idle_timeout: float | None, on_open
