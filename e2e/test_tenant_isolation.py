@@ -346,9 +346,10 @@ def test_a_target_user_cannot_flip_a_running_proxy_with_a_pod_of_its_uid(
     cluster_targets, kubectl: Kubectl, tenants: tuple[str, str]
 ):
     """A's pod runs in cluster2. Eve may edit A's and B's namespaces of cluster2: her pods
-    there carry the proxy pod's uid (one in B, one in A under another name), then Succeed.
-    Before, the proxy pod took one of their statuses (Succeeded, their pod IP) while its real
-    delegate ran on."""
+    there carry the proxy pod's uid (Jobs in B and in A under another name, which Succeed, and
+    five bare pods in B). Before, the proxy pod took one of their statuses (Succeeded, their pod
+    IP) while its real delegate ran on (which one it took depended on the order of a hash), and
+    deleting the proxy pod deleted Eve's pods in B as well."""
     a, b = tenants
     cluster_targets(self_target=False)
     kubectl(SOURCE, "label", "namespace", a, ENABLED)
@@ -379,6 +380,10 @@ def test_a_target_user_cannot_flip_a_running_proxy_with_a_pod_of_its_uid(
                 },
             }
             kubectl(TARGET, as_user("eve"), "create", "-f", "-", stdin=json.dumps(job))
+        bare = [f"bare-{i}" for i in range(5)]
+        for name in bare:
+            kubectl(TARGET, as_user("eve"), "create", "-f", "-",
+                    stdin=json.dumps(impostor(name, b, proxy, source)))  # fmt: skip
 
         def mirrors_its_delegate() -> None:
             now = proxy_pod(kubectl, a, "web")
@@ -390,6 +395,16 @@ def test_a_target_user_cannot_flip_a_running_proxy_with_a_pod_of_its_uid(
         assert len(kubectl.json(TARGET, "get", "pods", "-n", a, "-l",
                                 f"{PREFIX}parent-uid={proxy['metadata']['uid']},"
                                 "!batch.kubernetes.io/job-name")["items"]) == 1  # fmt: skip
+        kubectl(SOURCE, "delete", "pod", "web", "-n", a, "--timeout=60s")
+        delegate = real[0]["metadata"]["name"]
+        wait_for(lambda: delegate not in {p["metadata"]["name"] for p in pods(kubectl, TARGET, a)},
+                 30, what="the real delegate deleted with its proxy pod")  # fmt: skip
+        left = {
+            p["metadata"]["name"]
+            for p in pods(kubectl, TARGET, b)
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        assert set(bare) <= left, f"the agent deleted Eve's pods in B: {set(bare) - left}"
     finally:
         cleanup(kubectl, a, b)
 
