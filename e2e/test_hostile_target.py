@@ -28,7 +28,7 @@ from e2e.cluster import TestBed, wait_for
 from e2e.cluster.install import Installation
 from e2e.kubectl import Kubectl
 from e2e.test_scheduling import all_running, nginx, nothing_left
-from e2e.test_target_limits import as_tenant, grant_tenant, ready, tenant_target
+from e2e.test_target_limits import as_tenant, grant_tenant, ready, tenant_target, virtual_nodes
 from e2e.topology import SOURCE, connect, disconnect, kubeconfig_for
 
 CHART_MEMORY_LIMIT = 512 << 20  # values.yaml: agent.resources.limits.memory
@@ -141,11 +141,15 @@ class Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def hostile() -> Iterator[Hostile]:
+def hostile(kubectl: Kubectl, namespace: str) -> Iterator[Hostile]:
+    """The server; afterwards, the Target pointing at it deleted and its node gone (before the
+    namespace goes: the next agents would otherwise meet a Target in a terminating namespace)."""
     server = Hostile()
     thread = threading.Thread(target=server.serve_forever, name="hostile", daemon=True)
     thread.start()
     yield server
+    kubectl(SOURCE, "delete", "target", "evil", "-n", namespace, "--ignore-not-found")
+    wait_for(lambda: not virtual_nodes(kubectl, namespace), 30, what="the virtual node gone")
     server.shutdown()
     server.server_close()
 
@@ -295,11 +299,7 @@ def test_a_target_answering_huge_lists_and_lines_costs_bounded_memory_and_cpu(
     assert events["VmHWM"] < CHART_MEMORY_LIMIT
 
     as_tenant(kubectl, namespace, "delete", "target", "evil")
-    wait_for(
-        lambda: not kubectl.json(SOURCE, "get", "nodes", "-l",
-                                 f"multicluster.admiralty.io/target-namespace={namespace}")["items"],
-        30, what="the virtual node gone",
-    )  # fmt: skip
+    wait_for(lambda: not virtual_nodes(kubectl, namespace), 30, what="the virtual node gone")
     time.sleep(5)
     after = memory(pid)["VmRSS"]
     print(f"after the Target went: RSS {after / MIB:.0f} MiB (before: {before / MIB:.0f} MiB)")
