@@ -61,35 +61,20 @@ RECHECK_READY = 10.0
 RECHECK_NOT_READY = 2.0
 
 
-# Secrets that never hold a kubeconfig: cached without their data (Helm keeps whole releases in
-# its Secrets, often hundreds of KiB each).
-DATALESS_SECRET_TYPES = frozenset(
-    {
-        "helm.sh/release.v1",
-        "kubernetes.io/service-account-token",
-        "kubernetes.io/dockerconfigjson",
-        "kubernetes.io/dockercfg",
-        "kubernetes.io/tls",
-        "kubernetes.io/ssh-auth",
-        "kubernetes.io/basic-auth",
-        "bootstrap.kubernetes.io/token",
-    }
-)
-
-
 def slim_secret(secret: dict) -> dict:
+    """What the cache keeps of a Secret: its identity and the names of its keys, never its
+    data (every Secret of the cluster is watched, and anyone who may create Secrets in a
+    namespace could fill the agent's memory with theirs). A Target's Secret is read when it
+    changes."""
     meta = secret["metadata"]
-    slim = {
+    return {
         "metadata": {
             "name": meta["name"],
             "namespace": meta.get("namespace"),
             "resourceVersion": meta.get("resourceVersion"),
         },
-        "type": secret.get("type"),
+        "keys": sorted(secret.get("data") or ()),
     }
-    if secret.get("type") not in DATALESS_SECRET_TYPES:
-        slim["data"] = secret.get("data") or {}
-    return slim
 
 
 def secret_reference(target: dict) -> str | None:
@@ -202,6 +187,8 @@ class TargetsReconciler:
                 namespace=request.namespace or None,
             )
             await self.registry.add(connection)
+        if not self.secrets.has_synced:  # a Secret not seen yet is not a missing one
+            return Result(requeue_after=RECHECK_NOT_READY)
         problem = await self._connect(connection, target, request)
         if problem is not None:
             ready, reason, message = False, *problem
@@ -227,12 +214,17 @@ class TargetsReconciler:
                 await self._disconnect(connection)
                 return "SecretNotFound", f"secret {where} not found"
             data_key = ref.get("key") or "config"
-            if data_key not in (secret.get("data") or {}):
+            if data_key not in secret["keys"]:
                 await self._disconnect(connection)
                 return "KeyNotFound", f"secret {where} has no key {data_key!r}"
             key = (secret["metadata"].get("resourceVersion"), data_key, ref.get("context"))
             if self._config_keys.get(connection.node_name) == key:
                 return None
+            try:
+                secret = await self.local.client.get(SECRETS, name, namespace)
+            except NotFound:
+                await self._disconnect(connection)
+                return "SecretNotFound", f"secret {where} not found"
             try:
                 config = ClusterConfig.from_secret(secret, data_key, ref.get("context"))
             except ConfigError as e:

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from multicluster import Client, ClusterConfig, Informer
+from multicluster import Client, ClusterConfig, Informer, ReadLimits
 from multicluster.errors import BadResponse, NotFound, ResponseTooLarge, ServerError, Unreachable
 from multicluster.resources import PODS
 
@@ -39,19 +39,22 @@ def kubeconfig(server: str) -> str:
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Callable]:
-    """``await serve(handler, **client_options)``: a Client of a server answering every GET of
-    the pods collection with ``handler``."""
+    """``await serve(handler, **limits)``: a Client of a server answering every GET of the pods
+    collection with ``handler``, read within ``ReadLimits(**limits)`` (or the ``read_limits``
+    given; none with ``trusted=True``)."""
     servers: list[TestServer] = []
     clients: list[Client] = []
 
-    async def make(handler, **options) -> Client:
+    async def make(handler, *, trusted: bool = False, read_limits=None, **limits) -> Client:
         app = web.Application()
         app.router.add_get("/api/v1/pods", handler)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         servers.append(server)
         config = ClusterConfig.from_kubeconfig_data(kubeconfig(str(server.make_url(""))))
-        client = Client(config, name="hostile", **options)
+        if not trusted and read_limits is None:
+            read_limits = ReadLimits(**limits)
+        client = Client(config, name="hostile", read_limits=read_limits)
         clients.append(client)
         return client
 
@@ -97,7 +100,7 @@ async def test_a_long_watch_line_arriving_in_small_chunks_is_read_in_linear_time
         pieces = (event[i : i + chunk] for i in range(0, len(event), chunk))
         return await stream(request, [*pieces, b"\n"])
 
-    client = await serve(handler, max_event_bytes=32 * MiB)
+    client = await serve(handler, trusted=True)  # no limit on events: only the joining counts
     started = time.process_time()
     events = [e async for e in client.watch(PODS)]
     spent = time.process_time() - started
