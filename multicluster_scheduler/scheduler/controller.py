@@ -37,7 +37,7 @@ from multicluster import (
 )
 from multicluster.events import EventRecorder
 from multicluster.informer import ADDED, DELETED
-from multicluster.resources import NAMESPACES, PODS
+from multicluster.resources import PODS
 
 from ..api import keys
 from ..api.proxy import (
@@ -55,7 +55,7 @@ from ..api.proxy import (
     slim_proxy,
     source_manifest,
 )
-from ..targets.delegates import DelegateLookup, Placement
+from ..targets.delegates import ENABLED_NAMESPACES, DelegateLookup, Placement, enabled_namespaces
 from ..targets.registry import TargetConnection
 from .fit import Candidate, Constraints, choose, constraints, unschedulable_message
 
@@ -68,7 +68,6 @@ RETRY_DEBOUNCE = 0.5
 # target's scheduler gets a DelegateCreated event first.
 ANNOUNCE_AFTER = 2.0
 REJECTED = "target(s) rejected the delegate"
-ENABLED_NAMESPACES = f"{keys.NAMESPACE_ENABLED_LABEL}={keys.NAMESPACE_ENABLED_VALUE}"
 
 
 # Called with the target and the delegate just before the delegate is created there (the follow
@@ -81,10 +80,6 @@ def proxy_informer(local: Cluster):
     informer = local.informer(PODS, field_selector=PROXY_FIELD_SELECTOR, transform=slim_proxy)
     informer.add_indexer(PROXY_UID_INDEX, proxy_uid_index)
     return informer
-
-
-def _namespace_name(namespace: dict) -> dict:
-    return {"metadata": {"name": namespace["metadata"]["name"]}}
 
 
 def _parse_time(text: str | None) -> float:
@@ -150,9 +145,7 @@ class Scheduler:
         self.proxies = proxy_informer(local)
         self.proxies.add_handler(self._track_spread)
         # Namespaces that opted in: only their proxy pods are placed.
-        self.enabled = local.informer(
-            NAMESPACES, label_selector=ENABLED_NAMESPACES, transform=_namespace_name
-        )
+        self.enabled = enabled_namespaces(local)
         self.enabled.add_handler(self._namespace_enabled)
         self.controller = Controller("scheduler", self, workers=workers)
         self.controller.watch(

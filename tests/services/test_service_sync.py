@@ -174,8 +174,14 @@ class World:
         self.api.mirrors.append((self.sync.services, lambda _o: True))
         synced(self.sync.services)
         synced(self.sync.proxies)
+        synced(self.sync.enabled)
+        self.enable(NS)
         self.targets: dict[str, FakeApi] = {}
         self.connect("c1", self.local)
+
+    def enable(self, namespace: str) -> None:
+        """``namespace`` labelled multicluster-scheduler=enabled."""
+        self.sync.enabled.store.put(namespace, {"metadata": {"name": namespace}})
 
     def connect(self, name: str, target: Cluster | None = None) -> TargetConnection:
         api = None
@@ -245,6 +251,23 @@ async def test_the_guides_service_is_rerouted_and_copied_to_c2_only(world: World
     writes = (list(world.api.writes), list(c2.writes))
     assert await world.reconcile() is None
     assert (world.api.writes, c2.writes) == writes, "nothing more to do: no write at all"
+
+
+async def test_a_namespace_that_opts_out_has_no_global_service_any_more(world: World):
+    """A tenant of a namespace that never opted in writes nothing into targets through us: its
+    Services are neither rerouted nor copied; copies made while it was enabled go."""
+    world.add_proxy(proxy("nginx-1", app="nginx"))
+    world.api.add(service())
+    assert await world.reconcile() is None
+    c2 = world.targets["c2"]
+    assert (NS, "nginx") in c2.objects
+    world.sync.enabled.store.delete(NS)  # the label removed
+    assert await world.reconcile() is None
+    assert (NS, "nginx") not in c2.objects, "its copy deleted"
+    assert keys.FINALIZER not in (world.original()["metadata"].get("finalizers") or ())
+    world.api.add(service("other", **{keys.GLOBAL: "true"}))
+    assert await world.reconcile("other") is None
+    assert (NS, "other") not in c2.objects, "a global Service of such a namespace: not copied"
 
 
 async def test_changes_reach_the_copy_and_a_deleted_copy_comes_back(world: World):
