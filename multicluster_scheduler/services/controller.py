@@ -477,9 +477,12 @@ class ServiceSync:
         return self._resolved(connection, namespace, name)
 
     async def _delete(self, connection: TargetConnection, copy: dict) -> Copy:
+        """Delete a copy of ours. Once its deletion is accepted, it counts as gone: the target
+        finishes it (a load balancer's finalizer, say), and a finalizer that someone there added
+        holds nothing of ours (it kept the original Terminating before)."""
         meta = copy["metadata"]
         if is_deleting(copy):
-            return Copy.PENDING
+            return Copy.ABSENT
         await connection.cluster.client.delete(  # type: ignore[union-attr]
             SERVICES,
             meta["name"],
@@ -489,8 +492,7 @@ class ServiceSync:
         )
         self._log_copy("deleted", connection, meta["namespace"], meta["name"])
         self._forget_warning(meta["namespace"], meta["name"], connection.node_name)
-        # Without finalizers (a load balancer's, say) a Service is gone at once.
-        return Copy.PENDING if meta.get("finalizers") else Copy.ABSENT
+        return Copy.ABSENT
 
     # -- telling users ------------------------------------------------------------------------
 

@@ -13,11 +13,14 @@ A tenant's Targets are bounded (how many per namespace, what their caches hold):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from multicluster import (
+    ApiError,
     BadResponse,
     CacheFull,
+    Client,
     Cluster,
     ClusterConfig,
     Controller,
@@ -59,6 +62,8 @@ log = logging.getLogger(__name__)
 SINGLETON = f"metadata.name={keys.CLUSTER_SUMMARY_NAME}"
 RECHECK_READY = 10.0
 RECHECK_NOT_READY = 2.0
+SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+IDENTITY_TIMEOUT = 5.0
 
 
 def slim_secret(secret: dict) -> dict:
@@ -84,6 +89,20 @@ def secret_reference(target: dict) -> str | None:
         return None
     namespace = ref.get("namespace") or target["metadata"].get("namespace")
     return f"{namespace}/{ref.get('name')}"
+
+
+async def identity_of(client: Client) -> str | None:
+    """Who the target says we are (a SelfSubjectReview), or None when it does not say in time."""
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    try:
+        async with asyncio.timeout(IDENTITY_TIMEOUT):
+            answer = await client.request("POST", SELF_SUBJECT_REVIEWS, body=review)
+    except (ApiError, TimeoutError) as e:
+        log.info("target did not say who we are server=%s error=%s", client.name, e)
+        return None
+    user = ((answer or {}).get("status") or {}).get("userInfo") or {}
+    name = user.get("username") if isinstance(user, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def classify(error: Exception, namespace: str | None = None) -> tuple[str, str]:
@@ -265,6 +284,7 @@ class TargetsReconciler:
         delegates.add_indexer(REFERENCE_INDEX, by_reference)
         connection.cluster, connection.summaries = cluster, summaries
         connection.delegates = delegates
+        connection.identity = None if cluster is self.local else await identity_of(cluster.client)
         if cluster is not self.local:
             self.manager.add_cluster(cluster)
         self._config_keys[connection.node_name] = key

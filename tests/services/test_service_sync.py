@@ -335,6 +335,20 @@ async def test_deleting_the_original_deletes_its_copies_then_the_finalizer(world
     assert world.original() is None, "finalizer removed, service gone"
 
 
+async def test_a_finalizer_someone_put_on_a_copy_keeps_the_original_from_nobody(world: World):
+    """A user of the target adds a finalizer of their own to our copy: once its deletion is
+    accepted, the original goes (before, it stayed Terminating until they removed theirs)."""
+    world.add_proxy(proxy("nginx-1", app="nginx"))
+    world.api.add(service())
+    await world.reconcile()
+    c2 = world.targets["c2"]
+    await c2.patch(SERVICES, "nginx", {"metadata": {"finalizers": ["eve.example/hold"]}}, NS)
+    await world.api.delete(SERVICES, "nginx", NS)
+    assert await world.reconcile() is None
+    assert c2.objects[(NS, "nginx")]["metadata"].get("deletionTimestamp"), "deletion accepted"
+    assert world.original() is None, "finalizer removed, service gone"
+
+
 async def test_a_service_no_longer_global_loses_its_copies_and_finalizer(world: World):
     world.api.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
     await world.reconcile("db")
