@@ -435,3 +435,52 @@ def test_sources_whose_names_join_alike_get_bindings_of_their_own(
                 {"kind": "ServiceAccount", "name": account, "namespace": a}
             ]
     assert may_read_summaries(kubectl, a, "fourth")
+
+
+# -- from the review: a Source naming Kubernetes' own users ---------------------------------------
+
+
+def test_a_source_naming_the_anonymous_user_binds_nothing(
+    installation: Installation, kubectl: Kubectl, namespace: str
+):
+    """Olga may create Sources and bind the source role in one namespace of cluster2. A Source
+    for ``system:anonymous`` made the agent bind the summary viewer role cluster-wide to it:
+    anyone, unauthenticated, could read the ClusterSummary (and the namespace's pods)."""
+    manifest = {
+        "apiVersion": GROUP,
+        "kind": "Source",
+        "metadata": {"name": "anon", "namespace": namespace},
+        "spec": {"userName": "system:anonymous"},
+    }
+    kubectl.apply(TARGET, manifest)
+
+    def refused() -> dict:
+        found = ready(kubectl.json(TARGET, "get", "source", "anon", "-n", namespace))
+        return found if found.get("reason") == "Invalid" else {}
+
+    condition = wait_for(refused, 30, what="the Source Invalid")
+    print(condition["message"])
+    assert "one of Kubernetes' own users" in condition["message"]
+    bindings = kubectl.json(TARGET, "get", "clusterrolebindings")["items"]
+    assert not [
+        b["metadata"]["name"]
+        for b in bindings
+        if any(s.get("name") == "system:anonymous" for s in b.get("subjects") or ())
+    ]
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "system:anonymous",
+            "groups": ["system:unauthenticated"],
+            "resourceAttributes": {
+                "group": "multicluster.admiralty.io",
+                "resource": "clustersummaries",
+                "verb": "list",
+            },
+        },
+    }
+    answer = json.loads(kubectl(TARGET, "create", "-o", "json", "-f", "-",
+                                stdin=json.dumps(review)))  # fmt: skip
+    assert answer["status"].get("allowed") is not True, answer["status"]
+    kubectl(TARGET, "delete", "source", "anon", "-n", namespace, "--wait=false")
