@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from . import metrics
 from .badanswers import BadAnswers
@@ -43,8 +44,14 @@ from .readlimits import ReadLimits, Slot, holding
 from .resources import PODS, Resource
 
 
+class RedirectRefused(aiohttp.ClientError):
+    """The server sent a request elsewhere (a redirect): not followed."""
+
+
 def describe(error: BaseException) -> str:
     """Why a server did not answer, in words (not the exception's repr)."""
+    if isinstance(error, RedirectRefused):
+        return "the server redirects to another address: not followed"
     if isinstance(error, aiohttp.ClientConnectorCertificateError):
         cause = error.certificate_error
         why = getattr(cause, "verify_message", None) or (
@@ -120,6 +127,7 @@ class Client:
         self.bad_answers = BadAnswers(self.name) if read_limits else None
         self._event_rate = read_limits.events() if read_limits else None
         self._own_slot = asyncio.Lock()  # this client's one large answer at a time
+        self._origin = URL(config.server).origin()
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
@@ -134,7 +142,17 @@ class Client:
             connector=connector,
             json_serialize=lambda o: orjson.dumps(o).decode(),
             headers={"User-Agent": USER_AGENT},
+            middlewares=(self._this_server_only,),
         )
+
+    async def _this_server_only(
+        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        """Every request, redirects included, goes to this server: aiohttp follows redirects
+        of WebSocket handshakes whatever is asked, and the others are asked not to anyway."""
+        if request.url.origin() != self._origin:
+            raise RedirectRefused(request.url)
+        return await handler(request)
 
     @property
     def session(self) -> aiohttp.ClientSession:

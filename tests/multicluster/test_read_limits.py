@@ -11,8 +11,9 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
-from multicluster import BadResponse, CacheBudget, CacheFull, Informer, ReadLimits
+from multicluster import BadResponse, CacheBudget, CacheFull, Informer, ReadLimits, Unreachable
 from multicluster.client import WEBSOCKET_FRAME_BYTES
 from multicluster.readlimits import CONTAINER_COST, cost
 from multicluster.resources import PODS
@@ -319,3 +320,25 @@ async def test_a_websocket_frame_over_the_limit_ends_the_stream_unread(serve):  
         aiohttp.WSMsgType.CLOSED,
     )
     assert ws.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+
+
+async def test_a_websocket_handshake_redirected_elsewhere_is_not_followed(serve):  # noqa: F811
+    """aiohttp follows redirects of WebSocket handshakes whatever it is asked: the client's
+    sessions refuse any request to another address."""
+    asked: list[str] = []
+    internal = web.Application()
+
+    async def metadata(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.Response(text="secret")
+
+    internal.router.add_get("/latest/meta-data", metadata)
+    async with TestServer(internal, host="127.0.0.1") as elsewhere:
+
+        async def redirect(_request: web.Request) -> web.Response:
+            raise web.HTTPFound(str(elsewhere.make_url("/latest/meta-data")))
+
+        client = await serve(redirect)
+        with pytest.raises(Unreachable, match="redirects to another address: not followed"):
+            await client.websocket("/api/v1/pods", protocols=("v5.channel.k8s.io",))
+    assert asked == []
