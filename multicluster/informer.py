@@ -7,7 +7,8 @@ a watch that stays silent past ``idle_timeout`` is dropped and reopened (half-op
 are otherwise invisible). Objects may be slimmed by a ``transform`` before they are cached.
 
 The backoff counts every way a server can keep us busy, as client-go's reflector does: errors,
-and watches that end (or answer 410) within a second of opening. It starts over only once a
+and watches that end (or answer 410) within a second of opening, except a 410 to the version it
+resumed from (an outage's expected end: the list follows at once). It starts over only once a
 watch has lasted ``backoff_reset`` seconds, not after a list that succeeded: a server that lists
 well and then refuses every watch would otherwise be asked again and again without a pause.
 """
@@ -310,6 +311,7 @@ class Informer:
         loop = asyncio.get_running_loop()
         while True:
             error: Exception | None = None
+            resumed = not need_list  # watching from a version of an earlier list
             try:
                 if need_list:
                     await self._list()
@@ -329,6 +331,13 @@ class Informer:
             lasted = loop.time() - opened if opened is not None else 0.0
             if lasted >= self.backoff_reset:
                 failures = 0
+            if reason == "gone" and resumed:
+                # The version it resumed from is past the server's window, as it is after an
+                # outage: expected once, so the list follows at once (the backoff the outage
+                # built would otherwise hold a server that is back). A 410 to the version of a
+                # list just made is the server's doing and counts below.
+                log.info("watch expired, relisting cluster=%s resource=%s", *self._labels)
+                continue
             if reason in ("expired", "gone") and lasted >= SHORT_WATCH:
                 if reason == "gone":
                     log.info("watch expired, relisting cluster=%s resource=%s", *self._labels)

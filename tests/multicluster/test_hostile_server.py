@@ -354,3 +354,42 @@ async def test_an_informer_backs_off_from_a_server_that_answers_badly_at_once(se
     assert informer.get("p", "ns") is not None
     assert requests["list"] + requests["watch"] <= 12, requests
     assert informer.last_error is not None or answer == "410 at once"
+
+
+async def test_a_410_to_the_version_resumed_from_relists_at_once_whatever_the_backoff(serve):
+    """After an outage (errors that grew the backoff), the watch resumed from the last version
+    gets a 410: that is the outage's expected end, and the list follows at once instead of after
+    the longest delay yet (which held every informer of a target that was back for 15-30 s)."""
+    seen: list[tuple[str, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            seen.append(("list", loop.time()))
+            page = {"metadata": {"resourceVersion": "9"}, "items": [pod("p")]}
+            return web.Response(body=orjson.dumps(page), content_type="application/json")
+        if request.query.get("resourceVersion") == "9":
+            seen.append(("watch", loop.time()))
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            await asyncio.sleep(30)  # open until the informer stops
+            return response
+        if sum(1 for kind, _ in seen if kind == "error") < 3:
+            seen.append(("error", loop.time()))
+            return web.Response(status=503, text="starting")
+        seen.append(("gone", loop.time()))
+        gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410}}
+        return await stream(request, [orjson.dumps(gone) + b"\n"])
+
+    client = await serve(handler)
+    informer = Informer(client, PODS, cluster="hostile")
+    informer.resource_version = "3"  # as a restarted informer resumes
+    informer.start()
+    try:
+        assert await informer.wait_synced(10)
+    finally:
+        await informer.stop()
+    kinds = [kind for kind, _ in seen]
+    assert kinds[:5] == ["error", "error", "error", "gone", "list"], kinds
+    when = dict((kind, t) for kind, t in seen if kind in ("gone", "list"))
+    assert when["list"] - when["gone"] < 0.5, seen
