@@ -73,7 +73,6 @@ REJECTED = "target(s) rejected the delegate"
 # other tenants' pods are placed meanwhile.
 MAX_CREATES_PER_OWNER = 8
 CREATE_TIMEOUT = 20.0
-CREATE_BUSY = 1.0
 
 
 # Called with the target and the delegate just before the delegate is created there (the follow
@@ -175,6 +174,8 @@ class Scheduler:
         self._retry_pending = False
         # Delegates being created, by whoever owns the targets (a namespace, a ClusterTarget).
         self._creating: Counter[str] = Counter()
+        # Pods waiting for one of those creates to end, by owner, first come first served.
+        self._waiting: dict[str, dict[Request, None]] = {}
         self.proxies = proxy_informer(local)
         self.proxies.add_handler(self._track_spread)
         # Namespaces that opted in: only their proxy pods are placed.
@@ -254,6 +255,16 @@ class Scheduler:
         asyncio.get_running_loop().call_later(RETRY_DEBOUNCE, retry)
 
     # -- bookkeeping --------------------------------------------------------------------------
+
+    def _wake_one(self, owner_key: str) -> None:
+        waiting = self._waiting.get(owner_key)
+        if not waiting:
+            return
+        request = next(iter(waiting))
+        del waiting[request]
+        if not waiting:
+            del self._waiting[owner_key]
+        self.controller.queue.add(request)
 
     def _assume(self, uid: str, node: str, requests: dict[str, Fraction]) -> None:
         self._unassume(uid)
@@ -463,7 +474,10 @@ class Scheduler:
         assert cluster is not None  # feasible targets are connected
         owner_key = _owner_of(connection)
         if self._creating[owner_key] >= MAX_CREATES_PER_OWNER:
-            return Result(requeue_after=CREATE_BUSY)  # its targets are slow: no worker waits
+            # No worker waits: the pod is tried again as soon as one of these creates ends (the
+            # requeue is a backstop, for a create that never returns its slot).
+            self._waiting.setdefault(owner_key, {})[request] = None
+            return Result(requeue_after=CREATE_TIMEOUT)
         delegate = delegate_pod(proxy, manifest, self.cluster_name)
         name = delegate["metadata"]["name"]
         self.placements[uid] = Placement(connection.node_name, name, time.time())
@@ -496,6 +510,7 @@ class Scheduler:
             return Result(requeue=True)
         finally:
             self._creating[owner_key] -= 1
+            self._wake_one(owner_key)
         log.debug(
             "delegate created namespace=%s proxy=%s target=%s",
             namespace,

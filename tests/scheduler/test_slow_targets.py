@@ -1,7 +1,7 @@
 """A target that never answers the creation of delegates holds a bounded share of the
 scheduler's workers: at most ``MAX_CREATES_PER_OWNER`` of its namespace's pods wait on it, each
-at most ``CREATE_TIMEOUT``; the others are asked again later without holding a worker, and other
-namespaces' pods are placed meanwhile."""
+at most ``CREATE_TIMEOUT``; the others wait without holding a worker, each asked again as soon as
+one of those creates ends, and other namespaces' pods are placed meanwhile."""
 
 from __future__ import annotations
 
@@ -106,14 +106,21 @@ async def test_a_silent_target_holds_at_most_so_many_workers_of_its_namespace(mo
     }
     await asyncio.sleep(0.5)
     waiting = [n for n, t in tasks.items() if not t.done()]
-    busy = [n for n, t in tasks.items() if t.done() and t.result().requeue_after == 1.0]
+    busy = [n for n, t in tasks.items() if t.done() and t.result().requeue_after == 30.0]
     assert silent.waiting == scheduler_module.MAX_CREATES_PER_OWNER == len(waiting)
-    assert len(busy) == 20 - scheduler_module.MAX_CREATES_PER_OWNER, "asked again, no wait"
+    assert len(busy) == 20 - scheduler_module.MAX_CREATES_PER_OWNER, "no worker waits"
+    assert [r.name for r in scheduler._waiting["namespace/mallory"]] == busy, "in their order"
     assert len(quick.created) == 5, "the other namespace's pods were placed meanwhile"
+    assert len(scheduler.controller.queue) == 0
+    tasks[waiting[0]].cancel()  # one create ends: the first pod waiting is asked again at once
+    await asyncio.gather(tasks[waiting[0]], return_exceptions=True)
+    assert len(scheduler.controller.queue) == 1
+    assert [r.name for r in scheduler._waiting["namespace/mallory"]] == busy[1:]
     for task in tasks.values():
         task.cancel()
     await asyncio.gather(*tasks.values(), return_exceptions=True)
     assert scheduler._creating["namespace/mallory"] == 0, "given back when they end"
+    assert len(scheduler.controller.queue) == 8, "each end asks one waiting pod again"
 
 
 async def test_a_creation_that_takes_too_long_moves_the_pod_on(monkeypatch):
