@@ -286,7 +286,12 @@ def test_a_target_answering_huge_lists_and_lines_costs_bounded_memory_and_cpu(
     assert used < ATTACK * 0.25, "a quarter of a core at most"
     assert lines["VmHWM"] < CHART_MEMORY_LIMIT
 
+    # A server that answered as no API server does is not asked again for minutes (the pause
+    # grows each time): the third attack comes from a Target made anew, as a tenant would.
+    as_tenant(kubectl, namespace, "delete", "target", "evil")
+    wait_for(lambda: not virtual_nodes(kubectl, namespace), 30, what="the virtual node gone")
     hostile.mode = "endless-events"
+    hostile_target(kubectl, testbed, namespace, hostile.url)
     condition = waits_with(kubectl, namespace, "CacheFull", "would cache over 32 MiB")
     print("endless events:", condition["message"])
     sent = hostile.sent
