@@ -75,6 +75,19 @@ subjects: [{{kind: User, apiGroup: rbac.authorization.k8s.io, name: {TENANT}}}]
         assert answer.stdout.strip() == "no", f"the tenant may {verb} {what}: not a tenant"
 
 
+def tenant_target(kubectl: Kubectl, namespace: str, config: str) -> None:
+    """The tenant's Secret and Target ``evil``, with kubeconfig ``config``."""
+    as_tenant(kubectl, namespace, "apply", "-f", "-",
+              stdin=json.dumps(secret("evil", namespace, {"config": config})))  # fmt: skip
+    target = {
+        "apiVersion": GROUP,
+        "kind": "Target",
+        "metadata": {"name": "evil", "namespace": namespace},
+        "spec": {"kubeconfigSecret": {"name": "evil"}},
+    }
+    as_tenant(kubectl, namespace, "apply", "-f", "-", stdin=json.dumps(target))
+
+
 def virtual_nodes(kubectl: Kubectl, namespace: str) -> list[dict]:
     selector = f"{PREFIX}target-namespace={namespace}"
     return kubectl.json(SOURCE, "get", "nodes", "-l", selector)["items"]
@@ -250,17 +263,7 @@ def test_a_hostile_summary_gives_its_virtual_node_no_reserved_label_and_no_absur
     node = node_name(namespace, "evil")
     try:
         kubectl(TARGET, "replace", "-f", "-", stdin=json.dumps(hostile_summary()))
-        config = kubeconfig_for(testbed, token)
-        as_tenant(kubectl, namespace, "apply", "-f", "-", stdin=json.dumps(
-            secret("evil", namespace, {"config": config})
-        ))  # fmt: skip
-        target = {
-            "apiVersion": GROUP,
-            "kind": "Target",
-            "metadata": {"name": "evil", "namespace": namespace},
-            "spec": {"kubeconfigSecret": {"name": "evil"}},
-        }
-        as_tenant(kubectl, namespace, "apply", "-f", "-", stdin=json.dumps(target))
+        tenant_target(kubectl, namespace, kubeconfig_for(testbed, token))
 
         def read() -> dict | None:
             proc = kubectl.run(SOURCE, "get", "node", node, "-o", "json", check=False)
@@ -432,3 +435,52 @@ def test_sources_whose_names_join_alike_get_bindings_of_their_own(
                 {"kind": "ServiceAccount", "name": account, "namespace": a}
             ]
     assert may_read_summaries(kubectl, a, "fourth")
+
+
+# -- from the review: a Source naming Kubernetes' own users ---------------------------------------
+
+
+def test_a_source_naming_the_anonymous_user_binds_nothing(
+    installation: Installation, kubectl: Kubectl, namespace: str
+):
+    """Olga may create Sources and bind the source role in one namespace of cluster2. A Source
+    for ``system:anonymous`` made the agent bind the summary viewer role cluster-wide to it:
+    anyone, unauthenticated, could read the ClusterSummary (and the namespace's pods)."""
+    manifest = {
+        "apiVersion": GROUP,
+        "kind": "Source",
+        "metadata": {"name": "anon", "namespace": namespace},
+        "spec": {"userName": "system:anonymous"},
+    }
+    kubectl.apply(TARGET, manifest)
+
+    def refused() -> dict:
+        found = ready(kubectl.json(TARGET, "get", "source", "anon", "-n", namespace))
+        return found if found.get("reason") == "Invalid" else {}
+
+    condition = wait_for(refused, 30, what="the Source Invalid")
+    print(condition["message"])
+    assert "one of Kubernetes' own users" in condition["message"]
+    bindings = kubectl.json(TARGET, "get", "clusterrolebindings")["items"]
+    assert not [
+        b["metadata"]["name"]
+        for b in bindings
+        if any(s.get("name") == "system:anonymous" for s in b.get("subjects") or ())
+    ]
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "system:anonymous",
+            "groups": ["system:unauthenticated"],
+            "resourceAttributes": {
+                "group": "multicluster.admiralty.io",
+                "resource": "clustersummaries",
+                "verb": "list",
+            },
+        },
+    }
+    answer = json.loads(kubectl(TARGET, "create", "-o", "json", "-f", "-",
+                                stdin=json.dumps(review)))  # fmt: skip
+    assert answer["status"].get("allowed") is not True, answer["status"]
+    kubectl(TARGET, "delete", "source", "anon", "-n", namespace, "--wait=false")

@@ -29,8 +29,9 @@ from e2e.cluster.install import NAMESPACE as RELEASE_NAMESPACE
 from e2e.cluster.install import Installation
 from e2e.kubectl import Kubectl
 from e2e.test_join import join
-from e2e.test_scheduling import (
+from e2e.test_scheduling import (  # noqa: F401 (regions is a fixture)
     PREFIX,
+    REGION,
     all_running,
     condition,
     live,
@@ -38,6 +39,7 @@ from e2e.test_scheduling import (
     nothing_left,
     pods,
     proxies,
+    regions,
 )
 from e2e.topology import SOURCE, TARGET, connect, disconnect, node_ready
 
@@ -346,9 +348,10 @@ def test_a_target_user_cannot_flip_a_running_proxy_with_a_pod_of_its_uid(
     cluster_targets, kubectl: Kubectl, tenants: tuple[str, str]
 ):
     """A's pod runs in cluster2. Eve may edit A's and B's namespaces of cluster2: her pods
-    there carry the proxy pod's uid (one in B, one in A under another name), then Succeed.
-    Before, the proxy pod took one of their statuses (Succeeded, their pod IP) while its real
-    delegate ran on."""
+    there carry the proxy pod's uid (Jobs in B and in A under another name, which Succeed, and
+    five bare pods in B). Before, the proxy pod took one of their statuses (Succeeded, their pod
+    IP) while its real delegate ran on (which one it took depended on the order of a hash), and
+    deleting the proxy pod deleted Eve's pods in B as well."""
     a, b = tenants
     cluster_targets(self_target=False)
     kubectl(SOURCE, "label", "namespace", a, ENABLED)
@@ -379,6 +382,10 @@ def test_a_target_user_cannot_flip_a_running_proxy_with_a_pod_of_its_uid(
                 },
             }
             kubectl(TARGET, as_user("eve"), "create", "-f", "-", stdin=json.dumps(job))
+        bare = [f"bare-{i}" for i in range(5)]
+        for name in bare:
+            kubectl(TARGET, as_user("eve"), "create", "-f", "-",
+                    stdin=json.dumps(impostor(name, b, proxy, source)))  # fmt: skip
 
         def mirrors_its_delegate() -> None:
             now = proxy_pod(kubectl, a, "web")
@@ -390,6 +397,16 @@ def test_a_target_user_cannot_flip_a_running_proxy_with_a_pod_of_its_uid(
         assert len(kubectl.json(TARGET, "get", "pods", "-n", a, "-l",
                                 f"{PREFIX}parent-uid={proxy['metadata']['uid']},"
                                 "!batch.kubernetes.io/job-name")["items"]) == 1  # fmt: skip
+        kubectl(SOURCE, "delete", "pod", "web", "-n", a, "--timeout=60s")
+        delegate = real[0]["metadata"]["name"]
+        wait_for(lambda: delegate not in {p["metadata"]["name"] for p in pods(kubectl, TARGET, a)},
+                 30, what="the real delegate deleted with its proxy pod")  # fmt: skip
+        left = {
+            p["metadata"]["name"]
+            for p in pods(kubectl, TARGET, b)
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        assert set(bare) <= left, f"the agent deleted Eve's pods in B: {set(bare) - left}"
     finally:
         cleanup(kubectl, a, b)
 
@@ -492,4 +509,173 @@ def test_a_cluster_target_next_to_a_namespaced_target_of_the_same_cluster_fights
         assert "DelegateLost" not in lost
     finally:
         cleanup(kubectl, namespace)
+        disconnect(kubectl, namespace)
+
+
+# -- from the review: what else a tenant tried ----------------------------------------------------
+
+
+def test_a_global_service_of_a_namespace_that_never_opted_in_is_not_copied_anywhere(
+    cluster_targets, kubectl: Kubectl, tenants: tuple[str, str]
+):
+    """Henry may edit namespace A, which never opted in, and nothing in cluster2. His Service
+    says it is global, with external IPs. Before, it was copied into cluster2 as it was (whose
+    nodes would then take traffic for those addresses). In an enabled namespace B, a global
+    Service is copied without them."""
+    a, b = tenants
+    cluster_targets(self_target=False)
+    kubectl(SOURCE, "label", "namespace", b, ENABLED)
+    grant(kubectl, SOURCE, "henry", "edit", a)
+    grant(kubectl, SOURCE, "henry", "edit", b)
+
+    def hijack(namespace: str) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "hijack", "annotations": {PREFIX + "global": "true"}},
+            "spec": {
+                "type": "LoadBalancer",
+                "externalIPs": ["10.96.0.10", "8.8.8.8"],
+                "selector": {"app": "x"},
+                "ports": [{"port": 53, "protocol": "UDP"}],
+            },
+        }
+
+    for namespace in (a, b):
+        kubectl(SOURCE, as_user("henry"), "apply", "-n", namespace, "-f", "-",
+                stdin=json.dumps(hijack(namespace)))  # fmt: skip
+    copy = wait_for(
+        lambda: kubectl.json(TARGET, "get", "services", "-n", b)["items"], 30, what="B's copy"
+    )[0]
+    assert copy["metadata"]["name"] == "hijack"
+    assert "externalIPs" not in copy["spec"], copy["spec"]
+
+    def not_in_a() -> None:
+        assert kubectl.json(TARGET, "get", "services", "-n", a)["items"] == []
+
+    holds_for(WATCH / 2, not_in_a, "nothing of A in cluster2")
+    original = kubectl.json(SOURCE, "get", "service", "hijack", "-n", a)
+    assert PREFIX + "multiclusterForegroundDeletion" not in (
+        original["metadata"].get("finalizers") or ()
+    )
+    for namespace in (a, b):
+        kubectl(SOURCE, "delete", "service", "hijack", "-n", namespace, "--wait=false")
+
+
+def test_a_finalizer_put_on_a_service_copy_in_the_target_keeps_nothing_of_the_source(
+    cluster_targets, kubectl: Kubectl, namespace: str
+):
+    """Eve may edit the namespace in cluster2 only: she adds a finalizer of her own to our
+    copy of a global Service. Before, the original stayed Terminating until she removed it."""
+    cluster_targets(self_target=False)
+    kubectl(SOURCE, "label", "namespace", namespace, ENABLED)
+    grant(kubectl, TARGET, "eve", "edit", namespace)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "annotations": {PREFIX + "global": "true"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+    }
+    kubectl.apply(SOURCE, service, "-n", namespace)
+    wait_for(
+        lambda: kubectl.run(TARGET, "get", "service", "web", "-n", namespace,
+                            check=False).returncode == 0,
+        30, what="the copy in cluster2",
+    )  # fmt: skip
+    kubectl(TARGET, as_user("eve"), "patch", "service", "web", "-n", namespace, "--type=merge",
+            "-p", '{"metadata": {"finalizers": ["eve.example/hold"]}}')  # fmt: skip
+    started = time.monotonic()
+    kubectl(SOURCE, "delete", "service", "web", "-n", namespace, "--wait=false")
+    wait_for(
+        lambda: kubectl.run(SOURCE, "get", "service", "web", "-n", namespace,
+                            check=False).returncode != 0,
+        30, what="the original gone",
+    )  # fmt: skip
+    print(f"original gone {time.monotonic() - started:.1f} s after its deletion")
+    copy = kubectl.json(TARGET, "get", "service", "web", "-n", namespace)
+    assert copy["metadata"].get("deletionTimestamp"), "the copy's deletion was asked for"
+    kubectl(TARGET, "patch", "service", "web", "-n", namespace, "--type=merge",
+            "-p", '{"metadata": {"finalizers": null}}')  # fmt: skip
+
+
+def test_a_saved_manifest_written_by_hand_brings_no_secret_the_pod_does_not_use(
+    installation: Installation,
+    testbed: TestBed,
+    regions,  # noqa: F811
+    kubectl: Kubectl,
+    namespace: str,
+):
+    """Frank may edit the namespace. His elected pod uses no Secret, but he writes its saved
+    manifest himself (the webhook keeps one that is there), naming the Secret db-password and
+    cluster2's region. Before, db-password was copied into cluster2."""
+    connect(kubectl, testbed, namespace)
+    kubectl(SOURCE, "label", "namespace", namespace, ENABLED)
+    grant(kubectl, SOURCE, "frank", "edit", namespace)
+    kubectl(SOURCE, "create", "secret", "generic", "db-password",
+            "--from-literal=password=hunter2", "-n", namespace)  # fmt: skip
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "reader", "namespace": namespace},
+        "spec": {
+            "nodeSelector": {REGION: "eu"},
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "busybox",
+                    "envFrom": [{"secretRef": {"name": "db-password"}}],
+                }
+            ],
+        },
+    }
+    pod = elected_pod("reader", {REGION: "eu"})
+    pod["metadata"]["annotations"][PREFIX + "sourcepod-manifest"] = json.dumps(manifest)
+    kubectl(SOURCE, as_user("frank"), "create", "-n", namespace, "-f", "-",
+            stdin=json.dumps(pod))  # fmt: skip
+    try:
+        placed = wait_for(
+            lambda: proxy_pod(kubectl, namespace, "reader")["spec"].get("nodeName"),
+            30, what="the pod placed",
+        )  # fmt: skip
+        assert placed.endswith("-c2"), placed
+
+        def not_copied() -> None:
+            found = kubectl.run(TARGET, "get", "secret", "db-password", "-n", namespace,
+                                check=False)  # fmt: skip
+            assert found.returncode != 0, "the Secret only the manifest names was copied"
+
+        holds_for(WATCH / 2, not_copied, "no copy")
+    finally:
+        kubectl(SOURCE, "delete", "pod", "reader", "-n", namespace, "--wait=false")
+        disconnect(kubectl, namespace)
+
+
+def test_a_pod_naming_the_source_identity_as_its_account_is_not_placed_there(
+    installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str
+):
+    """The source is ServiceAccount c1 of the namespace in cluster2. A pod that names c1 as its
+    own account would run there with all the source may do (the namespace's pods and Secrets).
+    Before, its delegate ran as c1."""
+    connect(kubectl, testbed, namespace)
+    kubectl(SOURCE, "delete", "target", "c1", "-n", namespace)  # cluster2 only
+    kubectl(SOURCE, "label", "namespace", namespace, ENABLED)
+    pod = elected_pod("as-source")
+    pod["spec"]["serviceAccountName"] = "c1"
+    kubectl(SOURCE, "create", "serviceaccount", "c1", "-n", namespace)
+    kubectl(SOURCE, "create", "-n", namespace, "-f", "-", stdin=json.dumps(pod))
+    try:
+
+        def explained() -> str:
+            found = condition(proxy_pod(kubectl, namespace, "as-source"), "PodScheduled")
+            return found.get("message") or ""
+
+        message = wait_for(
+            lambda: "the service account this cluster uses" in explained() and explained(),
+            30, what="the pod Pending with the reason",
+        )  # fmt: skip
+        print(message)
+        assert f"({namespace}/c1)" in message
+        assert kubectl.json(TARGET, "get", "pods", "-n", namespace)["items"] == []
+    finally:
+        kubectl(SOURCE, "delete", "pod", "as-source", "-n", namespace, "--wait=false")
         disconnect(kubectl, namespace)

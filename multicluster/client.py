@@ -5,11 +5,12 @@ objects stay the JSON the server sent. Every verb controllers need is here (get,
 list, watch, create, update, the four patch types, delete, subresources), with typed errors and
 client-side QPS/burst limits like client-go's.
 
-The server may be anyone's (a kubeconfig in a Secret points wherever its writer likes), so every
-read is bounded: an answer by ``max_response_bytes``, a watch event by ``max_event_bytes``, all
-the pages of one list by ``max_list_bytes``. A list page over the limit is asked again with a
-smaller ``limit`` (big objects are legitimate) before the server is declared unusable. Watch
-lines are split as chunks come, in time linear in their size, however long a line is.
+A server that is not trusted (a kubeconfig in a Secret points wherever its writer likes) is read
+within the :class:`~.readlimits.ReadLimits` the client is given, and paused when it answers as
+no API server does (:mod:`.badanswers`); the agent's own API server is read without limits, as
+client-go reads it. Whoever the server is, redirects are never followed (no API server sends
+them for these calls, and following one would take the request, and its answer, anywhere), and
+watch lines are split as chunks come, in time linear in their size, however long a line is.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Literal
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from . import metrics
 from .badanswers import BadAnswers
@@ -34,15 +36,22 @@ from .errors import (
     ResponseTooLarge,
     Unreachable,
     error_for,
+    phrase,
     status_of,
 )
 from .ratelimit import TokenBucket
-from .readlimits import SMALL, ReadLimits, Slot, holding
+from .readlimits import ReadLimits, Slot, holding
 from .resources import PODS, Resource
+
+
+class RedirectRefused(aiohttp.ClientError):
+    """The server sent a request elsewhere (a redirect): not followed."""
 
 
 def describe(error: BaseException) -> str:
     """Why a server did not answer, in words (not the exception's repr)."""
+    if isinstance(error, RedirectRefused):
+        return "the server redirects to another address: not followed"
     if isinstance(error, aiohttp.ClientConnectorCertificateError):
         cause = error.certificate_error
         why = getattr(cause, "verify_message", None) or (
@@ -87,17 +96,12 @@ PATCH_CONTENT_TYPES = {
 }
 USER_AGENT = "multicluster/0.1"
 
-MAX_RESPONSE_BYTES = 32 << 20
-"""One answer, a list page included: pages of big objects are asked again in smaller pages."""
-MAX_EVENT_BYTES = 8 << 20
-"""One watch event: an object is at most 1.5 MiB in etcd and 3 MiB in a request; its JSON with
-managed fields and status may be bigger, never near this."""
-MAX_LIST_BYTES = 256 << 20
-"""All pages of one list: a server whose pages never end is not an API server."""
 ERROR_BODY_BYTES = 1 << 20
 """An error's body, read to find a Status in it (a Status is a few KiB at most)."""
 PAGE_SHRINK = 4
-"""How much smaller a page is asked again when it was over ``max_response_bytes``."""
+"""How much smaller a page is asked again when it was over its limit."""
+WEBSOCKET_FRAME_BYTES = 4 << 20
+"""One WebSocket message of exec or attach: the streams send a few tens of KiB at a time."""
 
 
 class Client:
@@ -112,21 +116,18 @@ class Client:
         burst: int = 100,
         timeout: float = 30.0,
         max_connections: int = 64,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
-        max_event_bytes: int = MAX_EVENT_BYTES,
-        max_list_bytes: int = MAX_LIST_BYTES,
         read_limits: ReadLimits | None = None,
     ) -> None:
         self.config = config
         self.name = name or config.server
         self.timeout = timeout
-        self.max_response_bytes = max_response_bytes
-        self.max_event_bytes = max_event_bytes
-        self.max_list_bytes = max_list_bytes
         self._limiter = TokenBucket(qps, burst)
-        self.bad_answers = BadAnswers(self.name)
-        self.read_limits = read_limits  # None: a trusted server, no slot for large answers
+        # None: a trusted server, read without limits and never paused.
+        self.limits = read_limits
+        self.bad_answers = BadAnswers(self.name) if read_limits else None
+        self._event_rate = read_limits.events() if read_limits else None
         self._own_slot = asyncio.Lock()  # this client's one large answer at a time
+        self._origin = URL(config.server).origin()
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
@@ -141,7 +142,17 @@ class Client:
             connector=connector,
             json_serialize=lambda o: orjson.dumps(o).decode(),
             headers={"User-Agent": USER_AGENT},
+            middlewares=(self._this_server_only,),
         )
+
+    async def _this_server_only(
+        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        """Every request, redirects included, goes to this server: aiohttp follows redirects
+        of WebSocket handshakes whatever is asked, and the others are asked not to anyway."""
+        if request.url.origin() != self._origin:
+            raise RedirectRefused(request.url)
+        return await handler(request)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -186,12 +197,13 @@ class Client:
         max_bytes: int | None = None,
     ) -> Any:
         """Send one request; return the decoded JSON body (or bytes when ``raw``). An answer
-        over ``max_bytes`` (default ``max_response_bytes``) raises :class:`ResponseTooLarge`;
-        any answer no API server gives pauses the server (:mod:`.badanswers`)."""
+        over ``max_bytes`` (default: the limits' ``max_response_bytes``, none for a trusted
+        server) raises :class:`ResponseTooLarge`; from a server that is not trusted, any answer
+        no API server gives pauses it (:mod:`.badanswers`)."""
         context = f"{method} {path} on {self.name}"
-        self.bad_answers.check(context)
+        self._check(context)
         try:
-            async with holding(self.read_limits, self._own_slot) as slot:
+            async with holding(self.limits, self._own_slot) as slot:
                 payload = await self._request(
                     method,
                     path,
@@ -207,8 +219,16 @@ class Client:
                 return self._json(payload, context)
         except BadResponse as e:
             if not raw:  # a log is data, not an API object: its size is the caller's choice
-                self.bad_answers.record(e)
+                self._record(e)
             raise
+
+    def _check(self, context: str) -> None:
+        if self.bad_answers is not None:
+            self.bad_answers.check(context)
+
+    def _record(self, error: BadResponse) -> None:
+        if self.bad_answers is not None:
+            self.bad_answers.record(error)
 
     async def _request(
         self,
@@ -222,10 +242,10 @@ class Client:
         max_bytes: int | None,
         slot: Slot | None = None,
     ) -> bytearray:
-        """The body of a 2xx answer; raises the error of any other. Past :data:`SMALL` bytes,
-        the body is read only once ``slot`` is held (when the server is not trusted)."""
-        if max_bytes is None:
-            max_bytes = self.max_response_bytes
+        """The body of a 2xx answer; raises the error of any other. Past the limits' ``small``
+        bytes, the body is read only once ``slot`` is held (when the server is not trusted)."""
+        if max_bytes is None and self.limits is not None:
+            max_bytes = self.limits.max_response_bytes
         await self.config.refresh_token()
         await self._limiter.acquire()
         data = None
@@ -243,12 +263,14 @@ class Client:
                     headers=self._headers(content_type if data is not None else None),
                     timeout=aiohttp.ClientTimeout(total=timeout or self.timeout),
                     server_hostname=self.config.tls_server_name,
+                    allow_redirects=False,
                 ) as resp:
                     status = resp.status
-                    if status >= 400:
+                    if status >= 300:
                         payload = await _read(resp, ERROR_BODY_BYTES)
                     else:
-                        payload = await _read(resp, max_bytes, slot)
+                        small = self.limits.small if self.limits else 0
+                        payload = await _read(resp, max_bytes, slot, small)
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 metrics.API_ERRORS.labels(self.name, "unreachable").inc()
                 raise Unreachable(f"{method} {path} on {self.name}: {describe(e)}") from e
@@ -258,14 +280,14 @@ class Client:
                 await self.config.refresh_token(force=True)
                 continue
             break
-        if status >= 400:
+        context = f"{method} {path} on {self.name}"
+        if status >= 300:
             metrics.API_ERRORS.labels(self.name, str(status)).inc()
-            raise error_for(status, _decode(payload), f"{method} {path} on {self.name}")
+            raise _error(status, payload, context)
         if payload is None:
             metrics.API_ERRORS.labels(self.name, "too-large").inc()
             raise ResponseTooLarge(
-                f"{method} {path} on {self.name}: the answer is over {size(max_bytes)}"
-                " (not read further)"
+                f"{context}: the answer is over {size(max_bytes or 0)} (not read further)"
             )
         return payload
 
@@ -321,12 +343,23 @@ class Client:
         to one object; all pages together may not exceed ``max_list_bytes``."""
         path = resource.path(namespace)
         context = f"GET {path} on {self.name}"
-        self.bad_answers.check(context)
+        if self.limits is None:
+            pages = self._pages(path, context, label_selector, field_selector, limit)
+        else:
+            pages = self._bounded_pages(
+                self.limits, path, context, label_selector, field_selector, limit
+            )
+        async for page in self._pausing(context, pages):
+            yield page
+
+    async def _pausing(self, context: str, items: AsyncIterator[dict]) -> AsyncIterator[dict]:
+        """``items``, unless the server is paused; a bad answer among them pauses it."""
+        self._check(context)
         try:
-            async for page in self._pages(path, context, label_selector, field_selector, limit):
-                yield page
+            async for item in items:
+                yield item
         except BadResponse as e:
-            self.bad_answers.record(e)
+            self._record(e)
             raise
 
     async def _pages(
@@ -337,15 +370,50 @@ class Client:
         field_selector: str | None,
         limit: int,
     ) -> AsyncIterator[dict]:
+        """The pages of a list from a trusted server, as client-go reads them."""
         params: dict[str, Any] = {
             "labelSelector": label_selector,
             "fieldSelector": field_selector,
             "limit": limit,
         }
-        left = self.max_list_bytes
         while True:
-            async with holding(self.read_limits, self._own_slot) as slot:
-                per_page = min(self.max_response_bytes, left)
+            payload = await self._request(
+                "GET",
+                path,
+                params=params,
+                body=None,
+                content_type="application/json",
+                timeout=None,
+                max_bytes=None,
+            )
+            page = _list_page(self._json(payload, context), context)
+            del payload
+            yield page
+            token = page["metadata"].get("continue")
+            if not token:
+                return
+            params["continue"] = token
+
+    async def _bounded_pages(
+        self,
+        limits: ReadLimits,
+        path: str,
+        context: str,
+        label_selector: str | None,
+        field_selector: str | None,
+        limit: int,
+    ) -> AsyncIterator[dict]:
+        """The pages of a list from a server that is not trusted: each within the limits, read
+        while holding a slot once large, and used while it is held."""
+        params: dict[str, Any] = {
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+            "limit": limit,
+        }
+        left = limits.max_list_bytes
+        while True:
+            async with holding(limits, self._own_slot) as slot:
+                per_page = min(limits.max_response_bytes, left)
                 try:
                     payload = await self._request(
                         "GET",
@@ -358,9 +426,9 @@ class Client:
                         slot=slot,
                     )
                 except ResponseTooLarge:
-                    if per_page < self.max_response_bytes:
+                    if per_page < limits.max_response_bytes:
                         raise ResponseTooLarge(
-                            f"{context}: the list is over {size(self.max_list_bytes)}"
+                            f"{context}: the list is over {size(limits.max_list_bytes)}"
                             " (not read further)"
                         ) from None
                     params["limit"] = self._smaller_pages(context, params["limit"], per_page)
@@ -423,13 +491,9 @@ class Client:
         )
         path = resource.path(namespace)
         context = f"WATCH {path} on {self.name}"
-        self.bad_answers.check(context)
-        try:
-            async for event in self._events(path, context, params, idle_timeout, on_open):
-                yield event
-        except BadResponse as e:
-            self.bad_answers.record(e)
-            raise
+        events = self._events(path, context, params, idle_timeout, on_open)
+        async for event in self._pausing(context, events):
+            yield event
 
     async def _events(
         self, path: str, context: str, params: Any, idle_timeout: float | None, on_open
@@ -443,15 +507,16 @@ class Client:
                     total=None, connect=self.timeout, sock_read=idle_timeout
                 ),
                 server_hostname=self.config.tls_server_name,
+                allow_redirects=False,
             ) as resp:
-                if resp.status >= 400:
+                if resp.status >= 300:
                     payload = await _read(resp, ERROR_BODY_BYTES)
                     if resp.status == 401:
                         await self.config.refresh_token(force=True)
-                    raise error_for(resp.status, _decode(payload), context)
+                    raise _error(resp.status, payload, context)
                 if on_open is not None:
                     on_open()
-                async with holding(self.read_limits, self._own_slot) as slot:
+                async with holding(self.limits, self._own_slot) as slot:
                     async for event in self._lines(resp, context, slot):
                         yield event
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
@@ -461,10 +526,13 @@ class Client:
         self, resp: aiohttp.ClientResponse, context: str, slot: Slot | None
     ) -> AsyncIterator[dict]:
         """The events of a watch, a line each. The line being received is kept in pieces and
-        joined once its newline comes (linear in its length, however it is cut). Past
-        :data:`SMALL` bytes held, reading waits for ``slot``, and the line must then be whole
-        within the limits' ``hold`` seconds."""
-        limit = self.max_event_bytes
+        joined once its newline comes (linear in its length, however it is cut). From a server
+        that is not trusted, a line may be ``max_event_bytes``; past ``small`` bytes held,
+        reading waits for ``slot``, and the line must then be whole within ``hold`` seconds;
+        lines come at ``event_rate`` bytes a second at most."""
+        limits = self.limits
+        limit = limits.max_event_bytes if limits else None
+        small = limits.small if limits else 0
         loop = asyncio.get_running_loop()
         pieces: list[bytes] = []
         pending = 0  # bytes in pieces
@@ -473,13 +541,12 @@ class Client:
             chunk = await self._chunk(resp, context, deadline)
             if not chunk:
                 return
-            if slot is not None and not slot.held and pending + len(chunk) > SMALL:
+            if slot is not None and limits and not slot.held and pending + len(chunk) > small:
                 await slot.take()
-                assert self.read_limits is not None
-                deadline = loop.time() + self.read_limits.hold
+                deadline = loop.time() + limits.hold
             if b"\n" not in chunk:
                 pending += len(chunk)
-                if pending > limit:
+                if limit is not None and pending > limit:
                     resp.close()
                     raise _event_too_large(context, limit)
                 pieces.append(chunk)
@@ -494,15 +561,21 @@ class Client:
             if rest:
                 pieces.append(rest)
             for line in lines:
-                if len(line) > limit:
+                if limit is not None and len(line) > limit:
                     resp.close()
                     raise _event_too_large(context, limit)
+                if self._event_rate is not None and not self._event_rate.spend(len(line)):
+                    resp.close()
+                    raise BadResponse(
+                        f"{context}: watch events come faster than "
+                        f"{size(self._event_rate.rate)} a second (not read further)"
+                    )
                 if line:
                     yield _event(line, context)
-            if pending > limit:
+            if limit is not None and pending > limit:
                 resp.close()
                 raise _event_too_large(context, limit)
-            if slot is not None and slot.held and pending <= SMALL:
+            if slot is not None and slot.held and pending <= small:
                 slot.release()
                 deadline = None
 
@@ -517,10 +590,9 @@ class Client:
                 return await resp.content.readany()
         except TimeoutError:
             resp.close()
+            hold = self.limits.hold if self.limits else 0
             raise BadResponse(
-                f"{context}: a watch event of over {size(SMALL)} took over "
-                f"{self.read_limits.hold if self.read_limits else 0:.0f}s to arrive"
-                " (not read further)"
+                f"{context}: a large watch event took over {hold:.0f}s to arrive (not read further)"
             ) from None
 
     async def create(
@@ -613,15 +685,16 @@ class Client:
                 headers=self._headers(accept=accept),
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.timeout),
                 server_hostname=self.config.tls_server_name,
+                allow_redirects=False,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise Unreachable(f"GET {path} on {self.name}: {describe(e)}") from e
         try:
-            if resp.status >= 400:
+            if resp.status >= 300:
                 payload = await _read(resp, ERROR_BODY_BYTES)
                 if resp.status == 401:
                     await self.config.refresh_token(force=True)
-                raise error_for(resp.status, _decode(payload), f"GET {path} on {self.name}")
+                raise _error(resp.status, payload, f"GET {path} on {self.name}")
             yield resp
         finally:
             resp.release()
@@ -642,7 +715,7 @@ class Client:
                 headers=headers,
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=10.0),
                 autoping=True,
-                max_msg_size=0,
+                max_msg_size=WEBSOCKET_FRAME_BYTES,
                 server_hostname=self.config.tls_server_name,
             )
         except aiohttp.WSServerHandshakeError as e:
@@ -697,25 +770,34 @@ def _query(params: Any) -> Any:
 
 async def _read(
     resp: aiohttp.ClientResponse,
-    limit: int,
+    limit: int | None,
     slot: Slot | None = None,
+    small: int = 0,
 ) -> bytearray | None:
     """The body, or None as soon as it is over ``limit`` bytes (one whose length says so is not
-    read at all; the connection is then closed). Past :data:`SMALL` bytes, reading waits for
+    read at all; the connection is then closed). Past ``small`` bytes, reading waits for
     ``slot``, within the request's timeout."""
     declared = resp.content_length
-    if declared is None or declared <= limit:
+    if limit is None or declared is None or declared <= limit:
         body = bytearray()
         async for chunk in resp.content.iter_any():
             body += chunk
-            if len(body) > limit:
+            if limit is not None and len(body) > limit:
                 break
-            if slot is not None and len(body) > SMALL:
+            if slot is not None and len(body) > small:
                 await slot.take()
         else:
             return body
     resp.close()
     return None
+
+
+def _error(status: int, payload: bytes | bytearray | None, context: str) -> ApiError:
+    """The error of an answer that is not a success: a redirect (which no API server sends
+    for these calls, and which is never followed) or an error status."""
+    if 300 <= status < 400:
+        return BadResponse(f"{context}: the server redirects ({phrase(status)}): not followed")
+    return error_for(status, _decode(payload), context)
 
 
 # The one answer worth recognizing that is not a Status: Go's HTTPS servers say this, word for

@@ -2,10 +2,9 @@
 
 Kubernetes clusters do not know their own names, so each connection is given one; Requests
 carry it so a reconciler knows where an object lives. Informers are shared per resource, scope,
-selectors and transform: two controllers watching pods in one cluster share one watch. What may
-be read from the cluster at once (an answer, a watch event, a list) is bounded by the client's
-limits, given here as options; clusters whose servers are not trusted share ``read_limits``, and
-what their informers cache is charged to a ``budget``.
+selectors and transform: two controllers watching pods in one cluster share one watch. A cluster
+whose server is not trusted is given ``read_limits`` (what its answers may be, shared with other
+such clusters) and a ``budget`` (what its informers may cache).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .client import MAX_EVENT_BYTES, MAX_LIST_BYTES, MAX_RESPONSE_BYTES, Client
+from .client import Client
 from .config import ClusterConfig
 from .informer import Informer
 from .readlimits import CacheBudget, ReadLimits
@@ -32,9 +31,6 @@ class Cluster:
         qps: float = 50.0,
         burst: int = 100,
         idle_timeout: float = 150.0,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
-        max_event_bytes: int = MAX_EVENT_BYTES,
-        max_list_bytes: int = MAX_LIST_BYTES,
         read_limits: ReadLimits | None = None,
         budget: CacheBudget | None = None,
     ) -> None:
@@ -45,9 +41,6 @@ class Cluster:
             name=name,
             qps=qps,
             burst=burst,
-            max_response_bytes=max_response_bytes,
-            max_event_bytes=max_event_bytes,
-            max_list_bytes=max_list_bytes,
             read_limits=read_limits,
         )
         self.idle_timeout = idle_timeout

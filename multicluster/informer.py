@@ -7,7 +7,8 @@ a watch that stays silent past ``idle_timeout`` is dropped and reopened (half-op
 are otherwise invisible). Objects may be slimmed by a ``transform`` before they are cached.
 
 The backoff counts every way a server can keep us busy, as client-go's reflector does: errors,
-and watches that end (or answer 410) within a second of opening. It starts over only once a
+and watches that end (or answer 410) within a second of opening, except a 410 to the version it
+resumed from (an outage's expected end: the list follows at once). It starts over only once a
 watch has lasted ``backoff_reset`` seconds, not after a list that succeeded: a server that lists
 well and then refuses every watch would otherwise be asked again and again without a pause.
 """
@@ -22,13 +23,12 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import orjson
 from prometheus_client.core import GaugeMetricFamily
 
 from . import metrics
 from .client import Client
 from .errors import ApiError, BadResponse, Gone, Unreachable
-from .readlimits import OBJECT_FLOOR, CacheBudget
+from .readlimits import CacheBudget, CacheFull, cost
 from .resources import Resource
 
 log = logging.getLogger(__name__)
@@ -311,6 +311,7 @@ class Informer:
         loop = asyncio.get_running_loop()
         while True:
             error: Exception | None = None
+            resumed = not need_list  # watching from a version of an earlier list
             try:
                 if need_list:
                     await self._list()
@@ -330,6 +331,13 @@ class Informer:
             lasted = loop.time() - opened if opened is not None else 0.0
             if lasted >= self.backoff_reset:
                 failures = 0
+            if reason == "gone" and resumed:
+                # The version it resumed from is past the server's window, as it is after an
+                # outage: expected once, so the list follows at once (the backoff the outage
+                # built would otherwise hold a server that is back). A 410 to the version of a
+                # list just made is the server's doing and counts below.
+                log.info("watch expired, relisting cluster=%s resource=%s", *self._labels)
+                continue
             if reason in ("expired", "gone") and lasted >= SHORT_WATCH:
                 if reason == "gone":
                     log.info("watch expired, relisting cluster=%s resource=%s", *self._labels)
@@ -354,7 +362,12 @@ class Informer:
 
     async def _list(self) -> None:
         fresh: dict[str, dict] = {}
+        costs: dict[str, int] = {}
         version = ""
+        budget = self.budget
+        held = sum(self._costs.values())  # what the cache holds now, given back once replaced
+        listed = 0
+        where = f"LIST {self.resource.path(self.namespace)} of {self.cluster}"
         async for page in self.client.list_pages(
             self.resource,
             self.namespace,
@@ -365,14 +378,16 @@ class Informer:
             transform = self.transform
             for item in page.get("items") or ():
                 obj = transform(item) if transform else item
-                fresh[object_key(obj)] = obj
+                key = object_key(obj)
+                fresh[key] = obj
+                if budget is not None:
+                    costs[key] = charged = cost(obj)
+                    listed += charged
+            if budget is not None:  # page by page: a list over the budget stops at once
+                budget.check(listed - held, where)
             version = page["metadata"].get("resourceVersion", "")
-        if self.budget is not None:
-            costs = {key: _cost(obj) for key, obj in fresh.items()}
-            delta = sum(costs.values()) - sum(self._costs.values())
-            self.budget.charge(
-                delta, f"LIST {self.resource.path(self.namespace)} of {self.cluster}"
-            )
+        if budget is not None:
+            budget.charge(listed - held, where)
             self._costs = costs
         initial = not self.has_synced
         for key in self.store.list_keys():
@@ -408,6 +423,7 @@ class Informer:
             version = raw.get("metadata", {}).get("resourceVersion")
             if kind == "BOOKMARK":
                 self.resource_version = version or self.resource_version
+                self.last_error = None
                 continue
             obj = transform(raw) if transform else raw
             key = object_key(obj)
@@ -424,15 +440,16 @@ class Informer:
                     self._dispatch(MODIFIED, obj, old, False)
             if version:
                 self.resource_version = version
+            self.last_error = None  # an event went through: whatever failed before is over
 
     def _charge(self, kind: str, key: str, obj: dict) -> None:
         """Charge the budget for a watch event's object (raises :class:`CacheFull`)."""
         assert self.budget is not None
-        cost = 0 if kind == DELETED else _cost(obj)
+        charged = 0 if kind == DELETED else cost(obj)
         context = f"WATCH {self.resource.path(self.namespace)} of {self.cluster}"
-        self.budget.charge(cost - self._costs.get(key, 0), context)
-        if cost:
-            self._costs[key] = cost
+        self.budget.charge(charged - self._costs.get(key, 0), context)
+        if charged:
+            self._costs[key] = charged
         else:
             self._costs.pop(key, None)
 
@@ -443,8 +460,11 @@ class Informer:
 
     def _lasted(self, opened: float) -> None:
         """The watch opened at ``opened`` is still open a while later: the last error is over
-        (one that ends at once, with an answer no API server gives, say, never clears it)."""
-        if self._watch_opened == opened and self.running:
+        (one that ends at once never clears it). An answer no API server gives, or a full
+        budget, is over only once an event goes through."""
+        if self._watch_opened != opened or not self.running:
+            return
+        if not isinstance(self.last_error, BadResponse | CacheFull):
             self.last_error = None
 
     @property
@@ -476,11 +496,6 @@ def _without_traceback(error: Exception) -> Exception:
         seen.__traceback__ = None
         seen = seen.__cause__ or seen.__context__
     return error
-
-
-def _cost(obj: dict) -> int:
-    """What a cached object is charged: its JSON length, at least :data:`OBJECT_FLOOR`."""
-    return max(OBJECT_FLOOR, len(orjson.dumps(obj)))
 
 
 def _version(obj: dict) -> str | None:

@@ -58,13 +58,17 @@ def test_secret_reference_of_targets_and_cluster_targets():
     assert secret_reference({"metadata": {"name": "c1"}, "spec": {"self": True}}) is None
 
 
-def test_helm_release_secrets_are_cached_without_data():
+def test_secrets_are_cached_without_their_data():
+    """Every Secret of the cluster is watched: only the names of their keys are kept (a Target's
+    Secret is read when it changes), whoever filled them with how much."""
     meta = {"name": "x", "namespace": "ns", "resourceVersion": "1", "labels": {"a": "b"}}
-    helm = slim_secret({"metadata": meta, "type": "helm.sh/release.v1", "data": {"release": "…"}})
-    assert "data" not in helm
-    opaque = slim_secret({"metadata": meta, "type": "Opaque", "data": {"config": "e30="}})
-    assert opaque["data"] == {"config": "e30="}
-    assert opaque["metadata"] == {"name": "x", "namespace": "ns", "resourceVersion": "1"}
+    for kind in ("Opaque", "helm.sh/release.v1"):
+        slim = slim_secret({"metadata": meta, "type": kind, "data": {"config": "e30=" * 10**5}})
+        assert slim == {
+            "metadata": {"name": "x", "namespace": "ns", "resourceVersion": "1"},
+            "keys": ["config"],
+        }
+    assert slim_secret({"metadata": meta})["keys"] == []
 
 
 def test_conditions_keep_their_transition_time_while_unchanged():
@@ -256,6 +260,7 @@ class Targets:
         )
         self.controller = Controller("targets", self.reconciler)
         self.reconciler.controller = self.controller
+        self.reconciler.secrets._synced.set()  # as listed: there are none
         self.created = 0
 
     def add(self, name: str, namespace: str = "ns") -> None:

@@ -284,10 +284,17 @@ def slim_proxy(pod: dict) -> dict:
 
 def slim_delegate(pod: dict) -> dict:
     """What the caches keep of a delegate: identity, node, status, and the config maps and
-    secrets it uses (``Kind:namespace/name``, for the follow controller)."""
+    secrets it uses (``Kind:namespace/name``, for the follow controller). Of its labels, only
+    ``parent-uid`` is read: the others (as many as whoever made the pod wrote) are not kept."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
+    kept = {k: meta[k] for k in _DELEGATE_METADATA if k in meta}
+    uid = (meta.get("labels") or {}).get(keys.PARENT_UID)
+    if uid is None:
+        kept.pop("labels", None)
+    else:
+        kept["labels"] = {keys.PARENT_UID: uid}
     slim = {
-        "metadata": {k: meta[k] for k in _DELEGATE_METADATA if k in meta},
+        "metadata": kept,
         "spec": {"nodeName": spec.get("nodeName")},
         "status": pod.get("status") or {},
     }

@@ -43,6 +43,10 @@ LOCAL_ANNOTATIONS = frozenset(
 )
 # Assigned by the cluster a Service lives in: never copied, and kept as the target set them.
 ASSIGNED_FIELDS = ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy", "healthCheckNodePort")
+# Addresses of the source cluster's network, never copied: in a target they would make that
+# cluster's nodes take traffic for addresses its owners never gave (externalIPs intercept
+# whatever is sent to them: CVE-2020-8554).
+SOURCE_ADDRESS_FIELDS = ("externalIPs", "loadBalancerIP")
 # Copied when a copy is created, then the target's (its controllers or webhooks may set them):
 # never compared, and kept on update.
 TARGET_KEPT_FIELDS = ("internalTrafficPolicy",)
@@ -158,11 +162,14 @@ def finalizer_patch(service: dict, *, present: bool) -> dict | None:
 
 def portable_spec(spec: dict) -> dict:
     """A Service spec without what the cluster it lives in assigns: cluster IPs (a headless
-    Service's ``None`` stays), IP families, node ports and the health-check node port."""
+    Service's ``None`` stays), IP families, node ports and the health-check node port; nor the
+    source's own addresses (external IPs, a load balancer IP)."""
     spec = _copy.deepcopy(spec)
     for field in ASSIGNED_FIELDS:
         if field.startswith("clusterIP") and is_headless(spec):
             continue
+        spec.pop(field, None)
+    for field in SOURCE_ADDRESS_FIELDS:
         spec.pop(field, None)
     for port in spec.get("ports") or ():
         port.pop("nodePort", None)

@@ -55,7 +55,7 @@ from ..api.follow import (
     slim_followed,
 )
 from ..api.parents import is_ours
-from ..api.proxy import parent_cluster
+from ..api.proxy import parent_cluster, parent_uid
 from ..targets.delegates import DelegateLookup
 from ..targets.registry import TargetConnection
 
@@ -555,6 +555,7 @@ class Follow:
 
     def __init__(self, local: Cluster, lookup: DelegateLookup, *, workers: int = 8) -> None:
         self.local = local
+        self.lookup = lookup
         registry = lookup.registry
         events = EventRecorder(local.client, "admiralty-follow")
         self.followers = {
@@ -605,10 +606,14 @@ class Follow:
         if cluster is None or cluster is self.local:
             return
         namespace = delegate["metadata"]["namespace"]
+        # What the proxy pod's own spec uses (its saved manifest is the word of whoever wrote it).
+        proxy = self.lookup.proxy(parent_uid(delegate))
+        allowed = (proxy or {}).get("references") or ()
         wanted = [
             (kind, name)
             for kind, names in references(delegate.get("spec") or {}).items()
             for name in names
+            if reference_key(kind, namespace, name) in allowed
         ]
         if not wanted:
             return

@@ -37,7 +37,7 @@ from multicluster import (
 )
 from multicluster.events import EventRecorder
 from multicluster.informer import ADDED, DELETED
-from multicluster.resources import NAMESPACES, PODS
+from multicluster.resources import PODS
 
 from ..api import keys
 from ..api.proxy import (
@@ -55,7 +55,7 @@ from ..api.proxy import (
     slim_proxy,
     source_manifest,
 )
-from ..targets.delegates import DelegateLookup, Placement
+from ..targets.delegates import ENABLED_NAMESPACES, DelegateLookup, Placement, enabled_namespaces
 from ..targets.registry import TargetConnection
 from .fit import Candidate, Constraints, choose, constraints, unschedulable_message
 
@@ -68,7 +68,11 @@ RETRY_DEBOUNCE = 0.5
 # target's scheduler gets a DelegateCreated event first.
 ANNOUNCE_AFTER = 2.0
 REJECTED = "target(s) rejected the delegate"
-ENABLED_NAMESPACES = f"{keys.NAMESPACE_ENABLED_LABEL}={keys.NAMESPACE_ENABLED_VALUE}"
+# A target that is slow to create delegates (or never answers) holds at most this many of the
+# scheduler's workers, each at most this long, per namespace of its Targets (or ClusterTarget):
+# other tenants' pods are placed meanwhile.
+MAX_CREATES_PER_OWNER = 8
+CREATE_TIMEOUT = 20.0
 
 
 # Called with the target and the delegate just before the delegate is created there (the follow
@@ -83,8 +87,29 @@ def proxy_informer(local: Cluster):
     return informer
 
 
-def _namespace_name(namespace: dict) -> dict:
-    return {"metadata": {"name": namespace["metadata"]["name"]}}
+def runs_as_identity(manifest: dict, connection: TargetConnection, namespace: str) -> str | None:
+    """Why the pod may not go to ``connection``: its delegate would run as the service account
+    this cluster itself uses there (with all it may do: every pod and Secret of the namespace);
+    None when it may."""
+    identity = connection.identity or ""
+    parts = identity.split(":")
+    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"] or parts[2] != namespace:
+        return None
+    spec = manifest.get("spec") or {}
+    account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+    if account != parts[3]:
+        return None
+    return (
+        f"{connection.name}: the delegate would run as the service account this cluster uses "
+        f"there ({namespace}/{account})"
+    )
+
+
+def _owner_of(connection: TargetConnection) -> str:
+    """Whose targets these are: a namespace's Targets together, or one ClusterTarget."""
+    if connection.namespace:
+        return f"namespace/{connection.namespace}"
+    return f"clustertarget/{connection.name}"
 
 
 def _parse_time(text: str | None) -> float:
@@ -147,12 +172,14 @@ class Scheduler:
         self._constraints: dict[str, Constraints] = {}
         self._delegate_handlers: dict[str, tuple[object, object]] = {}
         self._retry_pending = False
+        # Delegates being created, by whoever owns the targets (a namespace, a ClusterTarget).
+        self._creating: Counter[str] = Counter()
+        # Pods waiting for one of those creates to end, by owner, first come first served.
+        self._waiting: dict[str, dict[Request, None]] = {}
         self.proxies = proxy_informer(local)
         self.proxies.add_handler(self._track_spread)
         # Namespaces that opted in: only their proxy pods are placed.
-        self.enabled = local.informer(
-            NAMESPACES, label_selector=ENABLED_NAMESPACES, transform=_namespace_name
-        )
+        self.enabled = enabled_namespaces(local)
         self.enabled.add_handler(self._namespace_enabled)
         self.controller = Controller("scheduler", self, workers=workers)
         self.controller.watch(
@@ -228,6 +255,16 @@ class Scheduler:
         asyncio.get_running_loop().call_later(RETRY_DEBOUNCE, retry)
 
     # -- bookkeeping --------------------------------------------------------------------------
+
+    def _wake_one(self, owner_key: str) -> None:
+        waiting = self._waiting.get(owner_key)
+        if not waiting:
+            return
+        request = next(iter(waiting))
+        del waiting[request]
+        if not waiting:
+            del self._waiting[owner_key]
+        self.controller.queue.add(request)
 
     def _assume(self, uid: str, node: str, requests: dict[str, Fraction]) -> None:
         self._unassume(uid)
@@ -399,6 +436,10 @@ class Scheduler:
             return None
         owner = controller_uid(proxy)
         excluded = self._excluded(uid)
+        for connection in self.registry.connections.values():
+            why = runs_as_identity(manifest, connection, namespace)
+            if why is not None:
+                excluded = {**excluded, connection.node_name: why}
         candidates = []
         allowed = 0
         for connection in self.registry.connections.values():
@@ -431,20 +472,31 @@ class Scheduler:
         connection = self.registry.connections[feasible[0].name]
         cluster = connection.cluster
         assert cluster is not None  # feasible targets are connected
+        owner_key = _owner_of(connection)
+        if self._creating[owner_key] >= MAX_CREATES_PER_OWNER:
+            # No worker waits: the pod is tried again as soon as one of these creates ends (the
+            # requeue is a backstop, for a create that never returns its slot).
+            self._waiting.setdefault(owner_key, {})[request] = None
+            return Result(requeue_after=CREATE_TIMEOUT)
         delegate = delegate_pod(proxy, manifest, self.cluster_name)
         name = delegate["metadata"]["name"]
         self.placements[uid] = Placement(connection.node_name, name, time.time())
         self._assume(uid, connection.node_name, wants.requests)
         self.spread.set(uid, owner, connection.node_name)
         self.unschedulable.discard(request)
-        if self.prepare is not None:
-            await self.prepare(connection, delegate)
+        self._creating[owner_key] += 1
         try:
-            await cluster.client.create(PODS, delegate, namespace)
+            async with asyncio.timeout(CREATE_TIMEOUT):
+                if self.prepare is not None:
+                    await self.prepare(connection, delegate)
+                await cluster.client.create(PODS, delegate, namespace)
         except AlreadyExists:
             pass
-        except ApiError as e:
-            why = f"{connection.name}: cannot create the delegate: {e.message}"
+        except (ApiError, TimeoutError) as e:
+            message = (
+                e.message if isinstance(e, ApiError) else f"no answer in {CREATE_TIMEOUT:.0f}s"
+            )
+            why = f"{connection.name}: cannot create the delegate: {message}"
             self._exclude(uid, connection.node_name, why)
             self.spread.set(uid, owner, None)
             self.events.emit(pod_reference(proxy), "Warning", "FailedCreateDelegate", why)
@@ -456,6 +508,9 @@ class Scheduler:
                 e,
             )
             return Result(requeue=True)
+        finally:
+            self._creating[owner_key] -= 1
+            self._wake_one(owner_key)
         log.debug(
             "delegate created namespace=%s proxy=%s target=%s",
             namespace,

@@ -513,10 +513,11 @@ def _capacity(compiled: _Compiled, candidate: Candidate, groups: list[_Group]) -
     in-flight placements and this pod, averaged."""
     shares = []
     for i, resource in enumerate(SCORED_RESOURCES):
-        allocatable = sum(g.allocatable[i] for g in groups)
+        # fsum: exact, so the order of the groups in the summary changes nothing.
+        allocatable = math.fsum(g.allocatable[i] for g in groups)
         if allocatable <= 0:
             continue
-        free = sum(g.free[i] for g in groups) - float(candidate.assumed.get(resource, 0))
+        free = math.fsum(g.free[i] for g in groups) - float(candidate.assumed.get(resource, 0))
         shares.append(min(1.0, max(0.0, (free - compiled.scored_requests[i]) / allocatable)))
     return sum(shares) / len(shares) if shares else 0.0
 

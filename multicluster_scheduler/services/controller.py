@@ -6,6 +6,10 @@ it is made global (:mod:`..api.services` says exactly how). It is looked at agai
 changes (``kubectl apply`` of its manifest brings the old selector back: it is rerouted again)
 and whenever a proxy pod appears or is relabelled in its namespace.
 
+Only Services of namespaces labelled ``multicluster-scheduler=enabled`` are looked at: in any
+other namespace a Service is neither rerouted nor copied (and copies it had are deleted), so
+that a tenant of a namespace that never opted in writes nothing into targets through us.
+
 Every global Service (rerouted, or annotated ``multicluster.admiralty.io/global=true`` by its
 user) is copied to each connected target that serves its namespace, self targets excepted (the
 Service is there already). Copies are kept equal to their original and recreated if deleted; a
@@ -43,7 +47,7 @@ from multicluster import (
     is_deleting,
 )
 from multicluster.events import EventRecorder
-from multicluster.informer import ADDED, MODIFIED, strip_managed_fields
+from multicluster.informer import ADDED, DELETED, MODIFIED, strip_managed_fields
 from multicluster.resources import PODS, SERVICES
 
 from ..api import keys
@@ -64,7 +68,7 @@ from ..api.services import (
     service_reference,
     user_selector,
 )
-from ..targets.delegates import is_proxy
+from ..targets.delegates import enabled_namespaces, is_proxy
 from ..targets.registry import TargetConnection, TargetRegistry
 
 log = logging.getLogger(__name__)
@@ -128,6 +132,8 @@ class ServiceSync:
             predicates=[_labels_changed],
             handler=EnqueueMapped(self._services_selecting),
         )
+        self.enabled = enabled_namespaces(local)
+        self.enabled.add_handler(self._namespace_changed)
         self.copies: dict[str, Informer] = {}  # by virtual node name
         self._handlers: dict[str, tuple[Informer, object]] = {}
         self._watching: dict[str, asyncio.Task] = {}  # by node: resyncs of its copies
@@ -146,6 +152,14 @@ class ServiceSync:
 
     def _request(self, namespace: str, name: str) -> Request:
         return Request(self.local.name, namespace, name)
+
+    def _namespace_changed(self, event: str, namespace: dict, _old, initial: bool) -> None:
+        """A namespace opted in or out: its Services are looked at again."""
+        if initial or event not in (ADDED, DELETED):
+            return
+        name = namespace["metadata"]["name"]
+        for service in self.services.list(name):
+            self.controller.queue.add(self._request(name, service["metadata"]["name"]))
 
     def _services_selecting(self, _cluster: str, pod: dict) -> list[Request]:
         meta = pod["metadata"]
@@ -300,17 +314,19 @@ class ServiceSync:
     async def _reconcile(self, namespace: str, name: str) -> Result | None:
         if namespace in self.excluded:
             return None
-        if not self.services.has_synced:
+        if not (self.services.has_synced and self.enabled.has_synced):
             return Result(requeue_after=LOOK_AGAIN)
         service = self.services.get(name, namespace)
         if service is not None and is_copy(service):
             return None
-        if service is not None and not is_deleting(service):
+        enabled = self.enabled.get(namespace) is not None
+        if service is not None and enabled and not is_deleting(service):
             service = await self._reroute(service)
             if service is None:
                 return None  # deleted meanwhile: its event brings it back here
         original = None  # the Service to copy, if it is to be copied
-        if service is not None and not is_deleting(service) and is_global(service):
+        live = service is not None and not is_deleting(service)
+        if live and enabled and is_global(service):
             original = await self._patch(service, finalizer_patch(service, present=True))
             if original is None:
                 return None
@@ -461,9 +477,12 @@ class ServiceSync:
         return self._resolved(connection, namespace, name)
 
     async def _delete(self, connection: TargetConnection, copy: dict) -> Copy:
+        """Delete a copy of ours. Once its deletion is accepted, it counts as gone: the target
+        finishes it (a load balancer's finalizer, say), and a finalizer that someone there added
+        holds nothing of ours (it kept the original Terminating before)."""
         meta = copy["metadata"]
         if is_deleting(copy):
-            return Copy.PENDING
+            return Copy.ABSENT
         await connection.cluster.client.delete(  # type: ignore[union-attr]
             SERVICES,
             meta["name"],
@@ -473,8 +492,7 @@ class ServiceSync:
         )
         self._log_copy("deleted", connection, meta["namespace"], meta["name"])
         self._forget_warning(meta["namespace"], meta["name"], connection.node_name)
-        # Without finalizers (a load balancer's, say) a Service is gone at once.
-        return Copy.PENDING if meta.get("finalizers") else Copy.ABSENT
+        return Copy.ABSENT
 
     # -- telling users ------------------------------------------------------------------------
 

@@ -159,11 +159,37 @@ def subjects(source: dict) -> list[dict]:
         found.append({"kind": "ServiceAccount", "name": account[1], "namespace": account[0]})
     user = (source.get("spec") or {}).get("userName")
     if user:
+        _check_user(source, user)
         found.append({"kind": "User", "apiGroup": RBAC_GROUP, "name": user})
     if not found:
         field = "serviceAccountName" if resource_of(source) is SOURCES else "serviceAccount"
         raise NoSubject(f"set spec.{field} or spec.userName: there is nobody to bind")
     return found
+
+
+def _check_user(source: dict, user: object) -> None:
+    """A user a source may name: not one of Kubernetes' own (``system:anonymous`` would grant
+    everyone, unauthenticated, what the source roles grant, the ClusterSummary cluster-wide
+    included), but for a service account written as a user: of the Source's own namespace (of
+    any, for a ClusterSource)."""
+    if not isinstance(user, str):
+        raise InvalidSubject(f"spec.userName {user!r} is not a user name")
+    if not user.startswith("system:"):
+        return
+    namespace = source["metadata"].get("namespace")
+    parts = user.split(":")
+    account = len(parts) == 4 and parts[1] == "serviceaccount" and all(parts[2:])
+    if account and (namespace is None or parts[2] == namespace):
+        return
+    allowed = (
+        f"system:serviceaccount:{namespace}:NAME"
+        if namespace
+        else ("system:serviceaccount:NAMESPACE:NAME")
+    )
+    raise InvalidSubject(
+        f"spec.userName {user!r} is one of Kubernetes' own users: name a user of your own, "
+        f"or a service account as {allowed}"
+    )
 
 
 def _check_service_account(source: dict, namespace: str, name: str) -> None:

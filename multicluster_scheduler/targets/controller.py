@@ -13,11 +13,14 @@ A tenant's Targets are bounded (how many per namespace, what their caches hold):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from multicluster import (
+    ApiError,
     BadResponse,
     CacheFull,
+    Client,
     Cluster,
     ClusterConfig,
     Controller,
@@ -59,37 +62,24 @@ log = logging.getLogger(__name__)
 SINGLETON = f"metadata.name={keys.CLUSTER_SUMMARY_NAME}"
 RECHECK_READY = 10.0
 RECHECK_NOT_READY = 2.0
-
-
-# Secrets that never hold a kubeconfig: cached without their data (Helm keeps whole releases in
-# its Secrets, often hundreds of KiB each).
-DATALESS_SECRET_TYPES = frozenset(
-    {
-        "helm.sh/release.v1",
-        "kubernetes.io/service-account-token",
-        "kubernetes.io/dockerconfigjson",
-        "kubernetes.io/dockercfg",
-        "kubernetes.io/tls",
-        "kubernetes.io/ssh-auth",
-        "kubernetes.io/basic-auth",
-        "bootstrap.kubernetes.io/token",
-    }
-)
+SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+IDENTITY_TIMEOUT = 5.0
 
 
 def slim_secret(secret: dict) -> dict:
+    """What the cache keeps of a Secret: its identity and the names of its keys, never its
+    data (every Secret of the cluster is watched, and anyone who may create Secrets in a
+    namespace could fill the agent's memory with theirs). A Target's Secret is read when it
+    changes."""
     meta = secret["metadata"]
-    slim = {
+    return {
         "metadata": {
             "name": meta["name"],
             "namespace": meta.get("namespace"),
             "resourceVersion": meta.get("resourceVersion"),
         },
-        "type": secret.get("type"),
+        "keys": sorted(secret.get("data") or ()),
     }
-    if secret.get("type") not in DATALESS_SECRET_TYPES:
-        slim["data"] = secret.get("data") or {}
-    return slim
 
 
 def secret_reference(target: dict) -> str | None:
@@ -99,6 +89,20 @@ def secret_reference(target: dict) -> str | None:
         return None
     namespace = ref.get("namespace") or target["metadata"].get("namespace")
     return f"{namespace}/{ref.get('name')}"
+
+
+async def identity_of(client: Client) -> str | None:
+    """Who the target says we are (a SelfSubjectReview), or None when it does not say in time."""
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    try:
+        async with asyncio.timeout(IDENTITY_TIMEOUT):
+            answer = await client.request("POST", SELF_SUBJECT_REVIEWS, body=review)
+    except (ApiError, TimeoutError) as e:
+        log.info("target did not say who we are server=%s error=%s", client.name, e)
+        return None
+    user = ((answer or {}).get("status") or {}).get("userInfo") or {}
+    name = user.get("username") if isinstance(user, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def classify(error: Exception, namespace: str | None = None) -> tuple[str, str]:
@@ -202,6 +206,8 @@ class TargetsReconciler:
                 namespace=request.namespace or None,
             )
             await self.registry.add(connection)
+        if not self.secrets.has_synced:  # a Secret not seen yet is not a missing one
+            return Result(requeue_after=RECHECK_NOT_READY)
         problem = await self._connect(connection, target, request)
         if problem is not None:
             ready, reason, message = False, *problem
@@ -227,12 +233,17 @@ class TargetsReconciler:
                 await self._disconnect(connection)
                 return "SecretNotFound", f"secret {where} not found"
             data_key = ref.get("key") or "config"
-            if data_key not in (secret.get("data") or {}):
+            if data_key not in secret["keys"]:
                 await self._disconnect(connection)
                 return "KeyNotFound", f"secret {where} has no key {data_key!r}"
             key = (secret["metadata"].get("resourceVersion"), data_key, ref.get("context"))
             if self._config_keys.get(connection.node_name) == key:
                 return None
+            try:
+                secret = await self.local.client.get(SECRETS, name, namespace)
+            except NotFound:
+                await self._disconnect(connection)
+                return "SecretNotFound", f"secret {where} not found"
             try:
                 config = ClusterConfig.from_secret(secret, data_key, ref.get("context"))
             except ConfigError as e:
@@ -273,6 +284,7 @@ class TargetsReconciler:
         delegates.add_indexer(REFERENCE_INDEX, by_reference)
         connection.cluster, connection.summaries = cluster, summaries
         connection.delegates = delegates
+        connection.identity = None if cluster is self.local else await identity_of(cluster.client)
         if cluster is not self.local:
             self.manager.add_cluster(cluster)
         self._config_keys[connection.node_name] = key

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from multicluster import Informer
+from multicluster import Cluster, Informer
 from multicluster.gc import has_finalizer
+from multicluster.resources import NAMESPACES
 
 from ..api import keys
 from ..api.proxy import PROXY_UID_INDEX, is_delegate_of, parent_uid
@@ -39,6 +40,19 @@ class Placement:
     delegate: str
     started: float  # wall-clock seconds
     announced: bool = False  # a DelegateCreated event says it is waiting
+
+
+ENABLED_NAMESPACES = f"{keys.NAMESPACE_ENABLED_LABEL}={keys.NAMESPACE_ENABLED_VALUE}"
+
+
+def _namespace_name(namespace: dict) -> dict:
+    return {"metadata": {"name": namespace["metadata"]["name"]}}
+
+
+def enabled_namespaces(local: Cluster) -> Informer:
+    """The namespaces that opted in (labelled ``multicluster-scheduler=enabled``): only their
+    pods are placed and only their Services are rerouted and copied (one shared informer)."""
+    return local.informer(NAMESPACES, label_selector=ENABLED_NAMESPACES, transform=_namespace_name)
 
 
 def is_proxy(pod: dict) -> bool:

@@ -58,6 +58,7 @@ class TargetConnection:
     message: str = ""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     failover_after: float | None = None  # spec.failoverAfterSeconds
+    identity: str | None = None  # who this cluster is to the target (a user name), if known
     not_ready_since: float | None = None  # since when it has been failing (not Connecting)
 
     def set_ready(self, ready: bool, reason: str, message: str) -> bool:

@@ -30,6 +30,7 @@ from multicluster import (
     NotFound,
     Request,
     Result,
+    Unreachable,
 )
 from multicluster.events import EventRecorder
 from multicluster.gc import has_finalizer, remove_finalizer
@@ -223,15 +224,41 @@ class PodSync:
                 return Result(requeue_after=RECHECK)
             return None
         here = self.lookup.in_target(proxy, connection)
+        elsewhere = await self._delete_duplicates(proxy, connection)
+        result = await self._sync_bound(proxy, connection, here)
+        if elsewhere is not None:
+            raise elsewhere  # retried with backoff, once this pod's own target is served
+        return result
+
+    async def _delete_duplicates(
+        self, proxy: dict, connection: TargetConnection
+    ) -> Exception | None:
+        """Delete the delegates of ``proxy`` in targets other than the one it is bound to. A
+        target that cannot be reached does not hold the pod: its error is returned for a retry
+        after the pod is served, and one away past its failover setting is left alone (the
+        registry deletes the duplicate, its proxy pod being bound elsewhere, once it is back)."""
         namespace = proxy["metadata"]["namespace"]
+        failed: Exception | None = None
         for other in self.registry.connections.values():
             if other is connection or other.same_place(connection, namespace):
                 continue  # another Target of the same cluster and namespace sees the same pods
             for delegate in self.lookup.in_target(proxy, other):  # duplicates: it is bound here
-                if not is_deleting(delegate):
+                if is_deleting(delegate):
+                    continue
+                try:
                     await other.delete_delegate(
                         delegate, "its proxy pod is bound to another target"
                     )
+                except Unreachable as e:
+                    if other.failover_in() != 0:
+                        failed = failed or e
+                except ApiError as e:
+                    failed = failed or e
+        return failed
+
+    async def _sync_bound(
+        self, proxy: dict, connection: TargetConnection, here: list[dict]
+    ) -> Result | None:
         if connection.failover_in() == 0 and (is_deleting(proxy) or not is_terminal(proxy)):
             return (
                 None if await self._fail_over(proxy, connection) else Result(requeue_after=RECHECK)

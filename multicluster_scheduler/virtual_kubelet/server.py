@@ -30,6 +30,7 @@ from prometheus_client import Counter
 from yarl import URL
 
 from multicluster import ApiError, Client, NotFound, Unreachable, metrics
+from multicluster.client import WEBSOCKET_FRAME_BYTES
 from multicluster.resources import PODS
 
 from ..api.proxy import is_deleting
@@ -336,7 +337,10 @@ class KubeletServer:
         try:
             protocol = upstream.protocol or offered[0]
             inbound = web.WebSocketResponse(
-                protocols=(protocol,), autoping=True, max_msg_size=0, compress=False
+                protocols=(protocol,),
+                autoping=True,
+                max_msg_size=WEBSOCKET_FRAME_BYTES,
+                compress=False,
             )
             await inbound.prepare(request)
             REQUESTS.labels(kind, "relayed").inc()

@@ -500,12 +500,18 @@ def test_slim_proxy_holds_the_manifest_until_the_pod_is_bound(manifest):
 
 
 def test_slim_delegate_keeps_what_the_virtual_kubelet_reads():
-    slim = slim_delegate(FULL_POD)
+    pod = copy.deepcopy(FULL_POD)
+    pod["metadata"]["labels"] = {"a": "b", keys.PARENT_UID: "u1"}
+    slim = slim_delegate(pod)
     assert slim["metadata"] == {
-        k: v
-        for k, v in FULL_POD["metadata"].items()
-        if k not in ("managedFields", "ownerReferences", "finalizers")
+        **{
+            k: v
+            for k, v in FULL_POD["metadata"].items()
+            if k not in ("managedFields", "ownerReferences", "finalizers")
+        },
+        "labels": {keys.PARENT_UID: "u1"},  # whatever else its maker wrote is not kept
     }
+    assert "labels" not in slim_delegate(FULL_POD)["metadata"]
     assert slim["spec"] == {"nodeName": "admiralty-cluster-c1"}
     assert slim["status"] == FULL_POD["status"]
 

@@ -299,11 +299,29 @@ async def test_prepare_returns_in_time_whatever_the_target_does(world, monkeypat
     monkeypatch.setattr(follow_module, "PREPARE_TIMEOUT", 0.2)
     world.source(config_map())
     connection = world.connect("slow", hang=True)
+    world.proxy(pod_using("d1", "settings"), None)  # being placed
     pod = delegate("d1", "settings")
     await asyncio.wait_for(world.follow.prepare(connection, pod), 2)
     fast = world.connect("fast")
     await world.follow.prepare(fast, pod)
     assert world.targets["fast"][1].calls == [("create", "settings")]
+
+
+async def test_prepare_copies_only_what_the_proxy_pods_own_spec_uses(world):
+    """A saved manifest that names a Secret the pod itself never used copies nothing of it."""
+    world.source(config_map())
+    world.source(config_map("db-password"))
+    fast = world.connect("fast")
+    world.proxy(pod_using("d1", "settings"), None)
+    pod = delegate("d1", "settings")
+    pod["spec"]["containers"][0].setdefault("envFrom", []).append(
+        {"configMapRef": {"name": "db-password"}}
+    )
+    await world.follow.prepare(fast, pod)
+    assert world.targets["fast"][1].calls == [("create", "settings")]
+    world.proxies.store.delete(f"{NS}/d1")
+    await world.follow.prepare(fast, delegate("d1", "settings"))
+    assert world.targets["fast"][1].calls == [("create", "settings")], "no proxy pod: nothing"
 
 
 # -- pods that only claim to be delegates ---------------------------------------------------------

@@ -134,3 +134,46 @@ def test_a_kubeconfig_that_is_not_text_is_refused_without_quoting_it():
 def test_yaml_that_the_parser_chokes_on_is_refused(text):
     with pytest.raises(ConfigError, match="not valid YAML"):
         ClusterConfig.from_secret(secret({"config": text}))
+
+
+def with_server(server: object) -> dict:
+    clusters = [{"name": "c", "cluster": {"server": server}}]
+    return secret({"config": json.dumps({**KUBECONFIG, "clusters": clusters}).encode()})
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        "https://api.example.com:6443",
+        "https://api.example.com",
+        "https://10.0.0.1:443/",
+        "http://127.0.0.1:8080",
+        "https://[2001:db8::1]:6443",
+        "https://[::1]",
+    ],
+)
+def test_a_server_that_is_a_host_and_port_is_fine(server):
+    assert ClusterConfig.from_secret(with_server(server)).server == server.rstrip("/")
+
+
+@pytest.mark.parametrize(
+    ("server", "problem"),
+    [
+        ("http://127.0.0.1:9/admin/dump?x=", "has a path and a query"),
+        ("https://rancher.example.com/k8s/clusters/c-1", "has a path"),
+        ("https://api.example.com:6443?x=1", "has a query"),
+        ("https://api.example.com:6443#frag", "has a fragment"),
+        ("https://user:pass@api.example.com:6443", "has user info"),
+        ("ftp://api.example.com", "is not an http:// or https:// URL"),
+        ("api.example.com:6443", "is not an http:// or https:// URL"),
+        ("https://api example.com", "has characters a host and port cannot have"),
+        (6443, "is not a URL"),
+    ],
+)
+def test_a_server_with_more_than_a_host_and_port_is_refused_without_quoting_it(server, problem):
+    with pytest.raises(ConfigError) as refused:
+        ClusterConfig.from_secret(with_server(server))
+    message = str(refused.value)
+    assert f"the server URL {problem}" in message
+    for part in ("admin/dump", "x=", "pass@", "#frag", "rancher", "ftp:", "6443"):
+        assert part not in message

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from multicluster import Client, ClusterConfig, Informer
+from multicluster import Client, ClusterConfig, Informer, ReadLimits
 from multicluster.errors import BadResponse, NotFound, ResponseTooLarge, ServerError, Unreachable
 from multicluster.resources import PODS
 
@@ -39,19 +39,22 @@ def kubeconfig(server: str) -> str:
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Callable]:
-    """``await serve(handler, **client_options)``: a Client of a server answering every GET of
-    the pods collection with ``handler``."""
+    """``await serve(handler, **limits)``: a Client of a server answering every GET of the pods
+    collection with ``handler``, read within ``ReadLimits(**limits)`` (or the ``read_limits``
+    given; none with ``trusted=True``)."""
     servers: list[TestServer] = []
     clients: list[Client] = []
 
-    async def make(handler, **options) -> Client:
+    async def make(handler, *, trusted: bool = False, read_limits=None, **limits) -> Client:
         app = web.Application()
         app.router.add_get("/api/v1/pods", handler)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         servers.append(server)
         config = ClusterConfig.from_kubeconfig_data(kubeconfig(str(server.make_url(""))))
-        client = Client(config, name="hostile", **options)
+        if not trusted and read_limits is None:
+            read_limits = ReadLimits(**limits)
+        client = Client(config, name="hostile", read_limits=read_limits)
         clients.append(client)
         return client
 
@@ -97,7 +100,7 @@ async def test_a_long_watch_line_arriving_in_small_chunks_is_read_in_linear_time
         pieces = (event[i : i + chunk] for i in range(0, len(event), chunk))
         return await stream(request, [*pieces, b"\n"])
 
-    client = await serve(handler, max_event_bytes=32 * MiB)
+    client = await serve(handler, trusted=True)  # no limit on events: only the joining counts
     started = time.process_time()
     events = [e async for e in client.watch(PODS)]
     spent = time.process_time() - started
@@ -351,3 +354,42 @@ async def test_an_informer_backs_off_from_a_server_that_answers_badly_at_once(se
     assert informer.get("p", "ns") is not None
     assert requests["list"] + requests["watch"] <= 12, requests
     assert informer.last_error is not None or answer == "410 at once"
+
+
+async def test_a_410_to_the_version_resumed_from_relists_at_once_whatever_the_backoff(serve):
+    """After an outage (errors that grew the backoff), the watch resumed from the last version
+    gets a 410: that is the outage's expected end, and the list follows at once instead of after
+    the longest delay yet (which held every informer of a target that was back for 15-30 s)."""
+    seen: list[tuple[str, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            seen.append(("list", loop.time()))
+            page = {"metadata": {"resourceVersion": "9"}, "items": [pod("p")]}
+            return web.Response(body=orjson.dumps(page), content_type="application/json")
+        if request.query.get("resourceVersion") == "9":
+            seen.append(("watch", loop.time()))
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            await asyncio.sleep(30)  # open until the informer stops
+            return response
+        if sum(1 for kind, _ in seen if kind == "error") < 3:
+            seen.append(("error", loop.time()))
+            return web.Response(status=503, text="starting")
+        seen.append(("gone", loop.time()))
+        gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410}}
+        return await stream(request, [orjson.dumps(gone) + b"\n"])
+
+    client = await serve(handler)
+    informer = Informer(client, PODS, cluster="hostile")
+    informer.resource_version = "3"  # as a restarted informer resumes
+    informer.start()
+    try:
+        assert await informer.wait_synced(10)
+    finally:
+        await informer.stop()
+    kinds = [kind for kind, _ in seen]
+    assert kinds[:5] == ["error", "error", "error", "gone", "list"], kinds
+    when = dict((kind, t) for kind, t in seen if kind in ("gone", "list"))
+    assert when["list"] - when["gone"] < 0.5, seen

@@ -133,6 +133,18 @@ def test_headless_services_stay_headless_and_node_ports_are_the_targets():
     assert "nodePort" in node_port["spec"]["ports"][0], "the original is not modified"
 
 
+def test_the_source_clusters_own_addresses_are_never_copied():
+    """External IPs in a target would make its nodes take traffic for addresses its owners
+    never gave (CVE-2020-8554); a load balancer IP is the source's cloud's."""
+    spec = desired_copy(
+        original(type="LoadBalancer", externalIPs=["10.96.0.10"], loadBalancerIP="1.2.3.4"),
+        CLUSTER,
+    )["spec"]
+    assert "externalIPs" not in spec
+    assert "loadBalancerIP" not in spec
+    assert spec["type"] == "LoadBalancer"
+
+
 def test_a_copy_as_the_target_made_it_is_current():
     body = desired_copy(original(), CLUSTER)
     made = as_created_in_target(body, trafficDistribution=None)
@@ -149,8 +161,8 @@ def test_changes_of_the_original_make_the_copy_out_of_date():
     relabelled = original()
     relabelled["metadata"]["labels"]["tier"] = "web"
     assert copy_differs(desired_copy(relabelled, CLUSTER), made)
-    with_ips = as_created_in_target(desired_copy(original(externalIPs=["1.2.3.4"]), CLUSTER))
-    assert copy_differs(desired_copy(original(), CLUSTER), with_ips), "a field removed"
+    published = as_created_in_target(desired_copy(original(publishNotReadyAddresses=True), CLUSTER))
+    assert copy_differs(desired_copy(original(), CLUSTER), published), "a field removed"
     drifted = copy.deepcopy(made)
     drifted["spec"]["selector"] = {"app": "nginx"}
     assert copy_differs(desired_copy(original(), CLUSTER), drifted), "edited in the target"

@@ -174,8 +174,14 @@ class World:
         self.api.mirrors.append((self.sync.services, lambda _o: True))
         synced(self.sync.services)
         synced(self.sync.proxies)
+        synced(self.sync.enabled)
+        self.enable(NS)
         self.targets: dict[str, FakeApi] = {}
         self.connect("c1", self.local)
+
+    def enable(self, namespace: str) -> None:
+        """``namespace`` labelled multicluster-scheduler=enabled."""
+        self.sync.enabled.store.put(namespace, {"metadata": {"name": namespace}})
 
     def connect(self, name: str, target: Cluster | None = None) -> TargetConnection:
         api = None
@@ -247,6 +253,23 @@ async def test_the_guides_service_is_rerouted_and_copied_to_c2_only(world: World
     assert (world.api.writes, c2.writes) == writes, "nothing more to do: no write at all"
 
 
+async def test_a_namespace_that_opts_out_has_no_global_service_any_more(world: World):
+    """A tenant of a namespace that never opted in writes nothing into targets through us: its
+    Services are neither rerouted nor copied; copies made while it was enabled go."""
+    world.add_proxy(proxy("nginx-1", app="nginx"))
+    world.api.add(service())
+    assert await world.reconcile() is None
+    c2 = world.targets["c2"]
+    assert (NS, "nginx") in c2.objects
+    world.sync.enabled.store.delete(NS)  # the label removed
+    assert await world.reconcile() is None
+    assert (NS, "nginx") not in c2.objects, "its copy deleted"
+    assert keys.FINALIZER not in (world.original()["metadata"].get("finalizers") or ())
+    world.api.add(service("other", **{keys.GLOBAL: "true"}))
+    assert await world.reconcile("other") is None
+    assert (NS, "other") not in c2.objects, "a global Service of such a namespace: not copied"
+
+
 async def test_changes_reach_the_copy_and_a_deleted_copy_comes_back(world: World):
     world.api.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
     await world.reconcile("db")
@@ -309,6 +332,20 @@ async def test_deleting_the_original_deletes_its_copies_then_the_finalizer(world
     assert world.original() is not None, "held by our finalizer"
     assert await world.reconcile() is None
     assert (NS, "nginx") not in world.targets["c2"].objects
+    assert world.original() is None, "finalizer removed, service gone"
+
+
+async def test_a_finalizer_someone_put_on_a_copy_keeps_the_original_from_nobody(world: World):
+    """A user of the target adds a finalizer of their own to our copy: once its deletion is
+    accepted, the original goes (before, it stayed Terminating until they removed theirs)."""
+    world.add_proxy(proxy("nginx-1", app="nginx"))
+    world.api.add(service())
+    await world.reconcile()
+    c2 = world.targets["c2"]
+    await c2.patch(SERVICES, "nginx", {"metadata": {"finalizers": ["eve.example/hold"]}}, NS)
+    await world.api.delete(SERVICES, "nginx", NS)
+    assert await world.reconcile() is None
+    assert c2.objects[(NS, "nginx")]["metadata"].get("deletionTimestamp"), "deletion accepted"
     assert world.original() is None, "finalizer removed, service gone"
 
 

@@ -19,6 +19,7 @@ from multicluster_scheduler.sources.controller import explained, problem_from
 from multicluster_scheduler.sources.desired import (
     RBAC_GROUP,
     Action,
+    InvalidSubject,
     NoSubject,
     binding_action,
     binding_names,
@@ -196,6 +197,35 @@ def test_subjects_a_service_account_a_user_or_both():
         subjects(source(sa=None))
     with pytest.raises(NoSubject, match=r"spec.serviceAccount or spec.userName"):
         desired_bindings(cluster_source(sa=None, user=""))
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        "system:anonymous",
+        "system:unauthenticated",
+        "system:kube-controller-manager",
+        "system:serviceaccount:kube-system:admin",  # another namespace's account
+        "system:serviceaccount:ns",
+        "system:serviceaccount:ns:a:b",
+    ],
+)
+def test_a_source_may_not_name_kubernetes_own_users(user):
+    """``system:anonymous`` would have given everyone, unauthenticated, the ClusterSummary and
+    the source role in the namespace."""
+    with pytest.raises(InvalidSubject, match="one of Kubernetes' own users"):
+        subjects(source(sa=None, user=user))
+
+
+def test_service_accounts_written_as_users_are_fine_where_the_source_may_name_them():
+    assert subjects(source(sa=None, user="system:serviceaccount:ns:robot"))[0]["name"] == (
+        "system:serviceaccount:ns:robot"
+    )
+    anywhere = cluster_source(sa=None, user="system:serviceaccount:kube-system:robot")
+    assert subjects(anywhere)[0]["kind"] == "User"
+    with pytest.raises(InvalidSubject):
+        subjects(cluster_source(sa=None, user="system:anonymous"))
+    assert subjects(source(sa=None, user="systemic"))[0]["name"] == "systemic"
 
 
 def test_binding_names_follow_the_guide():
