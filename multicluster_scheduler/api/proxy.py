@@ -276,6 +276,8 @@ def slim_proxy(pod: dict) -> dict:
         "spec": {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")},
         "status": pod.get("status") or {},
     }
+    if not spec.get("nodeName") and spec.get("tolerations"):
+        slim["spec"]["tolerations"] = spec["tolerations"]  # judged against virtual nodes' taints
     used = reference_keys(meta.get("namespace") or "", spec)
     if used:
         slim["references"] = used

@@ -37,7 +37,7 @@ from multicluster import (
 )
 from multicluster.events import EventRecorder
 from multicluster.informer import ADDED, DELETED
-from multicluster.resources import PODS
+from multicluster.resources import NODES, PODS
 
 from ..api import keys
 from ..api.proxy import (
@@ -55,9 +55,17 @@ from ..api.proxy import (
     slim_proxy,
     source_manifest,
 )
+from ..api.summary import slim_node
 from ..targets.delegates import ENABLED_NAMESPACES, DelegateLookup, Placement, enabled_namespaces
 from ..targets.registry import TargetConnection
-from .fit import Candidate, Constraints, choose, constraints, unschedulable_message
+from .fit import (
+    Candidate,
+    Constraints,
+    choose,
+    constraints,
+    unschedulable_message,
+    virtual_node_refusal,
+)
 
 log = logging.getLogger(__name__)
 ASSUME_GRACE = 3.0  # summaries are written at most once a second; then watched
@@ -181,6 +189,10 @@ class Scheduler:
         # Namespaces that opted in: only their proxy pods are placed.
         self.enabled = enabled_namespaces(local)
         self.enabled.add_handler(self._namespace_enabled)
+        # Virtual nodes an admin cordons or taints take no new pods (the summary controller's
+        # informer of the same cluster: no second watch).
+        self.nodes = local.informer(NODES, transform=slim_node)
+        self.nodes.add_handler(self._node_changed)
         self.controller = Controller("scheduler", self, workers=workers)
         self.controller.watch(
             local,
@@ -216,6 +228,12 @@ class Scheduler:
         for request in self.unschedulable:
             if request.namespace == name:
                 self.controller.queue.add(request)
+
+    def _node_changed(self, event: str, node: dict, old: dict | None, initial: bool) -> None:
+        if initial or event == DELETED or old is None:
+            return
+        if node["spec"] != old["spec"] and self.registry.by_node(node["metadata"]["name"]):
+            self._retry_unschedulable()  # uncordoned, or a taint removed
 
     def _connected(self, connection: TargetConnection) -> None:
         informer = connection.delegates
@@ -326,7 +344,12 @@ class Scheduler:
             self.unschedulable.discard(request)
             self._settle(uid)
             return None
-        if not (self.proxies.has_synced and self.enabled.has_synced and self.registry.settled()):
+        if not (
+            self.proxies.has_synced
+            and self.enabled.has_synced
+            and self.nodes.has_synced
+            and self.registry.settled()
+        ):
             return Result(requeue_after=1.0)
         placement = self.placements.get(uid)
         found = self.lookup.everywhere(proxy, placement.node if placement else None)
@@ -441,12 +464,18 @@ class Scheduler:
             if why is not None:
                 excluded = {**excluded, connection.node_name: why}
         candidates = []
+        refused: list[str] = []
         allowed = 0
+        tolerations = proxy["spec"].get("tolerations")
         for connection in self.registry.connections.values():
             if not connection.allows(namespace):
                 continue
             allowed += 1
             if connection.node_name in excluded:
+                continue
+            refusal = virtual_node_refusal(self.nodes.get(connection.node_name), tolerations)
+            if refusal is not None:
+                refused.append(refusal)
                 continue
             candidates.append(
                 Candidate(
@@ -460,7 +489,7 @@ class Scheduler:
         feasible, reasons = choose(wants, candidates)
         if not feasible:
             message = unschedulable_message(
-                allowed, [*reasons.values(), *(REJECTED for _ in excluded)]
+                allowed, [*reasons.values(), *refused, *(REJECTED for _ in excluded)]
             )
             if excluded:
                 message += " " + "; ".join(sorted(excluded.values()))

@@ -50,8 +50,44 @@ _INT64 = re.compile(r"^[+-]?\d+$")
 _SUMMARY_CACHE_SIZE = 1024
 
 
+CORDONED = "target(s) were unschedulable"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+
 def untolerated_taint(key: str, value: str) -> str:
     return f"target(s) had untolerated taint {{{key}: {value}}}"
+
+
+def virtual_node_refusal(node: Mapping[str, Any] | None, tolerations: Any) -> str | None:
+    """Why kube-scheduler would not put the proxy pod (its ``tolerations``) on the virtual node
+    ``node``, as its NodeUnschedulable and TaintToleration filters judge: the node is cordoned,
+    or has a NoSchedule or NoExecute taint the pod does not tolerate. None when it would (or
+    when the node is not known yet: its target is judged on its summary alone). An admin
+    cordons or taints a virtual node to stop new pods going to its target."""
+    if node is None:
+        return None
+    compiled = []
+    for toleration in tolerations if isinstance(tolerations, list | tuple) else ():
+        if isinstance(toleration, Mapping):
+            compiled.append(
+                tuple(
+                    v if isinstance(v := toleration.get(k), str) else ""
+                    for k in ("key", "operator", "value", "effect")
+                )
+            )
+    compiled = [t for t in compiled if t[0] or t[1] == "Exists"]  # as validation requires
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable") is True and not any(
+        _tolerates(t, (UNSCHEDULABLE_TAINT, "", "NoSchedule")) for t in compiled
+    ):
+        return CORDONED
+    for taint in spec.get("taints") or ():
+        if not isinstance(taint, Mapping) or taint.get("effect") not in HARD_EFFECTS:
+            continue
+        key, value = str(taint.get("key") or ""), str(taint.get("value") or "")
+        if not any(_tolerates(t, (key, value, taint["effect"])) for t in compiled):
+            return untolerated_taint(key, value)
+    return None
 
 
 def insufficient(resource: str) -> str:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from multicluster_scheduler.api.summary import slim_node
 from multicluster_scheduler.scheduler import fit
 from multicluster_scheduler.scheduler.fit import (
     Candidate,
@@ -21,7 +22,7 @@ from multicluster_scheduler.scheduler.fit import (
     score,
     unschedulable_message,
 )
-from multicluster_scheduler.summary.compute import slim_node, slim_pod, summarize
+from multicluster_scheduler.summary.compute import slim_pod, summarize
 
 AFFINITY = fit.NODE_AFFINITY_MISMATCH
 
@@ -620,3 +621,52 @@ def test_constraints_are_immutable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.node_selector = {}  # type: ignore[misc]
     assert isinstance(c, Constraints)
+
+
+# -- virtual nodes an admin cordons or taints ----------------------------------------------------
+
+PROXY_TOLERATIONS = [
+    {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "admiralty"},
+    {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists"},
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+]
+OURS = {"key": "virtual-kubelet.io/provider", "value": "admiralty", "effect": "NoSchedule"}
+
+
+def virtual_node(unschedulable: bool = False, *taints: dict) -> dict:
+    return slim_node(
+        {
+            "metadata": {"name": "admiralty-default-c2"},
+            "spec": {"unschedulable": unschedulable, "taints": [OURS, *taints]},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("node", "tolerations", "expected"),
+    [
+        (None, PROXY_TOLERATIONS, None),
+        (virtual_node(), PROXY_TOLERATIONS, None),
+        (virtual_node(True), PROXY_TOLERATIONS, fit.CORDONED),
+        (virtual_node(True), [*PROXY_TOLERATIONS, {"key": fit.UNSCHEDULABLE_TAINT,
+                                                    "operator": "Exists"}], None),
+        (virtual_node(False, {"key": "drain", "value": "now", "effect": "NoSchedule"}),
+         PROXY_TOLERATIONS, fit.untolerated_taint("drain", "now")),
+        (virtual_node(False, {"key": "drain", "effect": "NoExecute"}),
+         PROXY_TOLERATIONS, fit.untolerated_taint("drain", "")),
+        (virtual_node(False, {"key": "drain", "value": "x", "effect": "PreferNoSchedule"}),
+         PROXY_TOLERATIONS, None),
+        (virtual_node(False, {"key": "drain", "value": "now", "effect": "NoSchedule"}),
+         [*PROXY_TOLERATIONS, {"key": "drain", "value": "now"}], None),
+        (virtual_node(False, {"key": "drain", "value": "now", "effect": "NoSchedule"}),
+         [*PROXY_TOLERATIONS, {"key": "drain", "value": "later"}],
+         fit.untolerated_taint("drain", "now")),
+        (virtual_node(), None, fit.untolerated_taint(OURS["key"], OURS["value"])),
+        (virtual_node(True), ["not a toleration", {"key": 3}], fit.CORDONED),
+    ],
+)  # fmt: skip
+def test_a_cordoned_or_tainted_virtual_node_refuses_what_kube_scheduler_would(
+    node, tolerations, expected
+):
+    assert fit.virtual_node_refusal(node, tolerations) == expected
