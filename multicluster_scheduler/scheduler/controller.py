@@ -40,6 +40,7 @@ from multicluster.informer import ADDED, DELETED
 from multicluster.resources import NODES, PODS
 
 from ..api import keys
+from ..api.constraints import delegate_constraints
 from ..api.proxy import (
     PROXY_FIELD_SELECTOR,
     PROXY_UID_INDEX,
@@ -48,6 +49,7 @@ from ..api.proxy import (
     delegate_pod,
     is_deleting,
     is_terminal,
+    no_prefix_regexp,
     not_made_by_webhook,
     pod_condition,
     pod_reference,
@@ -63,6 +65,7 @@ from .fit import (
     Constraints,
     choose,
     constraints,
+    proxy_constraints,
     unschedulable_message,
     virtual_node_refusal,
 )
@@ -453,7 +456,9 @@ class Scheduler:
             manifest = source_manifest(proxy)
             wants = self._constraints.get(uid)
             if wants is None:
-                wants = self._constraints[uid] = constraints(manifest)
+                wants = self._constraints[uid] = constraints(delegate_constraints(manifest))
+            asks = proxy_constraints(proxy["spec"])
+            no_prefix_regexp((manifest.get("metadata") or {}).get("annotations"))
         except (InvalidManifest, ValueError) as e:
             await self._report_unschedulable(request, proxy, f"invalid proxy pod: {e}")
             return None
@@ -466,14 +471,13 @@ class Scheduler:
         candidates = []
         refused: list[str] = []
         allowed = 0
-        tolerations = proxy["spec"].get("tolerations")
         for connection in self.registry.connections.values():
             if not connection.allows(namespace):
                 continue
             allowed += 1
             if connection.node_name in excluded:
                 continue
-            refusal = virtual_node_refusal(self.nodes.get(connection.node_name), tolerations)
+            refusal = virtual_node_refusal(self.nodes.get(connection.node_name), asks)
             if refusal is not None:
                 refused.append(refusal)
                 continue
