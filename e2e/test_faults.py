@@ -198,7 +198,11 @@ class Rollout:
             print("replicas:", self.describe())
             raise
         # Orphans left by a fault are deleted as soon as their target is reachable.
-        wait_for(lambda: not self.violations(), 60, what="no duplicate or orphan")
+        try:
+            wait_for(lambda: not self.violations(), 60, what="no duplicate or orphan")
+        except Exception:
+            print("violations:", self.violations(), "replicas:", self.describe())
+            raise
         assert not self.violations()
         wait_for(lambda: not self.mirror_errors(), 60, what="readiness mirrored")
         try:

@@ -8,10 +8,9 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multicluster_scheduler.api.summary import pod_requests
+from multicluster_scheduler.api.summary import pod_requests, slim_node
 from multicluster_scheduler.summary.compute import (
     RequestedLedger,
-    slim_node,
     slim_pod,
     summarize,
     summarize_nodes,

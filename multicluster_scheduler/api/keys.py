@@ -16,6 +16,14 @@ NAMESPACE_ENABLED_VALUE = "enabled"
 # Proxy pods.
 SOURCEPOD_MANIFEST = PREFIX + "sourcepod-manifest"
 PROXY_SCHEDULER_NAME = "admiralty-proxy"
+# What a proxy pod asks of virtual nodes: a PodSpec fragment, or the pod's own constraints (then
+# taken off its delegate); no-reservation is what this scheduler always does (upstream v0.13).
+PROXY_POD_SCHEDULING_CONSTRAINTS = PREFIX + "proxy-pod-scheduling-constraints"
+USE_CONSTRAINTS_FROM_SPEC = PREFIX + "use-constraints-from-spec-for-proxy-pod-scheduling"
+NO_RESERVATION = PREFIX + "no-reservation"
+# Labels (of a pod, or entries of a Service's selector) whose key=value this regexp matches are
+# copied to delegates as they are, not prefixed (upstream v0.17).
+NO_PREFIX_LABEL_REGEXP = PREFIX + "no-prefix-label-regexp"
 
 # Virtual nodes.
 PROVIDER_KEY = "virtual-kubelet.io/provider"

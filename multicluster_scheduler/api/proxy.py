@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any
 
 import orjson
 import yaml
@@ -18,8 +19,10 @@ from multicluster import is_deleting as is_deleting  # the runtime's, re-exporte
 from multicluster import share_strings
 
 from . import keys
+from .constraints import delegate_constraints
 from .follow import reference_keys
 from .naming import prefixed_label_key
+from .regexps import compile_regexp, without_matching
 
 PROXY_FIELD_SELECTOR = f"spec.schedulerName={keys.PROXY_SCHEDULER_NAME}"
 DELEGATE_LABEL_SELECTOR = keys.PARENT_UID
@@ -93,11 +96,30 @@ def prefixed_key(key: str) -> str:
     return prefixed_label_key(key)
 
 
-def prefixed_labels(labels: dict[str, str]) -> dict[str, str]:
+def prefixed_labels(labels: dict[str, str], unprefixed: Any = None) -> dict[str, str]:
     """``k=v`` → ``multicluster.admiralty.io/<last segment of k>=v``, so that controllers in
     the target never mistake delegates for their own pods. When two keys end the same way, the
-    one that sorts last wins (deterministic)."""
-    return {prefixed_key(k): v for k, v in sorted(labels.items())}
+    one that sorts last wins (deterministic). Labels whose ``k=v`` the compiled regexp
+    ``unprefixed`` matches (``no-prefix-label-regexp``) are kept as they are, and win."""
+    kept = without_matching(labels, unprefixed) if unprefixed is not None else labels
+    prefixed = {prefixed_key(k): v for k, v in sorted(kept.items())}
+    if unprefixed is None:
+        return prefixed
+    return {**prefixed, **{k: v for k, v in labels.items() if k not in kept}}
+
+
+def no_prefix_regexp(annotations: Any) -> Any:
+    """The compiled ``no-prefix-label-regexp`` of an object's annotations, or None; ValueError
+    with the reason when it is not a regular expression."""
+    if not isinstance(annotations, dict) or keys.NO_PREFIX_LABEL_REGEXP not in annotations:
+        return None
+    try:
+        return compile_regexp(annotations[keys.NO_PREFIX_LABEL_REGEXP])
+    except ValueError as e:
+        raise ValueError(
+            f"annotation {keys.NO_PREFIX_LABEL_REGEXP} is not a regular expression (RE2 "
+            f"syntax): {e}"
+        ) from None
 
 
 def _without_service_account_token(spec: dict) -> None:
@@ -143,9 +165,13 @@ def delegate_pod(proxy: dict, manifest: dict, cluster_name: str) -> dict:
     annotations[keys.PARENT_NAME] = meta["name"]
     annotations[keys.PARENT_NAMESPACE] = meta["namespace"]
     annotations[keys.PARENT_CLUSTER_NAME] = cluster_name
-    labels = prefixed_labels(source_meta.get("labels") or {})
+    try:
+        unprefixed = no_prefix_regexp(source_meta.get("annotations"))
+    except ValueError as e:
+        raise InvalidManifest(str(e)) from None
+    labels = prefixed_labels(source_meta.get("labels") or {}, unprefixed)
     labels[keys.PARENT_UID] = meta["uid"]
-    spec = orjson.loads(orjson.dumps(manifest["spec"]))  # a deep copy
+    spec = orjson.loads(orjson.dumps(delegate_constraints(manifest)["spec"]))  # a deep copy
     spec.pop("nodeName", None)
     spec.pop("priority", None)
     _without_service_account_token(spec)
@@ -276,6 +302,10 @@ def slim_proxy(pod: dict) -> dict:
         "spec": {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")},
         "status": pod.get("status") or {},
     }
+    if not spec.get("nodeName"):  # what the proxy pod asks of virtual nodes, until it is bound
+        for name in ("nodeSelector", "affinity", "tolerations"):
+            if spec.get(name):
+                slim["spec"][name] = spec[name]
     used = reference_keys(meta.get("namespace") or "", spec)
     if used:
         slim["references"] = used

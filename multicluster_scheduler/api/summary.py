@@ -34,3 +34,24 @@ def pod_requests(pod: dict) -> dict[str, Fraction]:
     add(total, parse_list(spec.get("overhead")))
     total["pods"] = total.get("pods", Fraction(0)) + 1
     return total
+
+
+def slim_node(node: dict) -> dict:
+    """What is kept of a Node: what summaries count, and what the scheduler reads of a virtual
+    node (cordon and taints). One informer of the agent's own cluster serves both."""
+    meta, status = node["metadata"], node.get("status") or {}
+    return {
+        "metadata": {
+            "name": meta["name"],
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": meta.get("labels") or {},
+        },
+        "spec": {
+            "taints": (node.get("spec") or {}).get("taints") or [],
+            "unschedulable": (node.get("spec") or {}).get("unschedulable") is True,
+        },
+        "status": {
+            "capacity": status.get("capacity") or {},
+            "allocatable": status.get("allocatable") or {},
+        },
+    }

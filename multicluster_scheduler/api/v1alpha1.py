@@ -190,6 +190,20 @@ FailoverAfterSeconds = Annotated[
     ),
 ]
 
+ExcludedLabelsRegexp = Annotated[
+    str | None,
+    Field(
+        max_length=1024,
+        description=(
+            "Labels the target's ClusterSummary offers the virtual node are left off it when "
+            "this regular expression (RE2 syntax, as Go's) matches their key=value, anywhere "
+            "unless anchored: e.g. ^kubernetes\\.azure\\.com/cluster= keeps DaemonSets that "
+            "select that label off the virtual node. An invalid one excludes nothing and is "
+            "reported in an event."
+        ),
+    ),
+]
+
 
 class KubeconfigSecretReference(Model):
     """A Secret in the Target's namespace holding a kubeconfig of the target cluster."""
@@ -217,6 +231,7 @@ class TargetSpec(Model):
         None, description="Kubeconfig Secret, in the Target's namespace, to reach the target."
     )
     failoverAfterSeconds: FailoverAfterSeconds = None
+    excludedLabelsRegexp: ExcludedLabelsRegexp = None
 
 
 class Target(Resource):
@@ -255,6 +270,7 @@ class ClusterTargetSpec(Model):
         None, description="Kubeconfig Secret to reach the target."
     )
     failoverAfterSeconds: FailoverAfterSeconds = None
+    excludedLabelsRegexp: ExcludedLabelsRegexp = None
 
 
 class ClusterTarget(Resource):

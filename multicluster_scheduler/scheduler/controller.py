@@ -37,9 +37,10 @@ from multicluster import (
 )
 from multicluster.events import EventRecorder
 from multicluster.informer import ADDED, DELETED
-from multicluster.resources import PODS
+from multicluster.resources import NODES, PODS
 
 from ..api import keys
+from ..api.constraints import delegate_constraints
 from ..api.proxy import (
     PROXY_FIELD_SELECTOR,
     PROXY_UID_INDEX,
@@ -48,6 +49,7 @@ from ..api.proxy import (
     delegate_pod,
     is_deleting,
     is_terminal,
+    no_prefix_regexp,
     not_made_by_webhook,
     pod_condition,
     pod_reference,
@@ -55,9 +57,18 @@ from ..api.proxy import (
     slim_proxy,
     source_manifest,
 )
+from ..api.summary import slim_node
 from ..targets.delegates import ENABLED_NAMESPACES, DelegateLookup, Placement, enabled_namespaces
 from ..targets.registry import TargetConnection
-from .fit import Candidate, Constraints, choose, constraints, unschedulable_message
+from .fit import (
+    Candidate,
+    Constraints,
+    choose,
+    constraints,
+    proxy_constraints,
+    unschedulable_message,
+    virtual_node_refusal,
+)
 
 log = logging.getLogger(__name__)
 ASSUME_GRACE = 3.0  # summaries are written at most once a second; then watched
@@ -181,6 +192,10 @@ class Scheduler:
         # Namespaces that opted in: only their proxy pods are placed.
         self.enabled = enabled_namespaces(local)
         self.enabled.add_handler(self._namespace_enabled)
+        # Virtual nodes an admin cordons or taints take no new pods (the summary controller's
+        # informer of the same cluster: no second watch).
+        self.nodes = local.informer(NODES, transform=slim_node)
+        self.nodes.add_handler(self._node_changed)
         self.controller = Controller("scheduler", self, workers=workers)
         self.controller.watch(
             local,
@@ -216,6 +231,12 @@ class Scheduler:
         for request in self.unschedulable:
             if request.namespace == name:
                 self.controller.queue.add(request)
+
+    def _node_changed(self, event: str, node: dict, old: dict | None, initial: bool) -> None:
+        if initial or event == DELETED or old is None:
+            return
+        if node["spec"] != old["spec"] and self.registry.by_node(node["metadata"]["name"]):
+            self._retry_unschedulable()  # uncordoned, or a taint removed
 
     def _connected(self, connection: TargetConnection) -> None:
         informer = connection.delegates
@@ -326,7 +347,12 @@ class Scheduler:
             self.unschedulable.discard(request)
             self._settle(uid)
             return None
-        if not (self.proxies.has_synced and self.enabled.has_synced and self.registry.settled()):
+        if not (
+            self.proxies.has_synced
+            and self.enabled.has_synced
+            and self.nodes.has_synced
+            and self.registry.settled()
+        ):
             return Result(requeue_after=1.0)
         placement = self.placements.get(uid)
         found = self.lookup.everywhere(proxy, placement.node if placement else None)
@@ -430,7 +456,9 @@ class Scheduler:
             manifest = source_manifest(proxy)
             wants = self._constraints.get(uid)
             if wants is None:
-                wants = self._constraints[uid] = constraints(manifest)
+                wants = self._constraints[uid] = constraints(delegate_constraints(manifest))
+            asks = proxy_constraints(proxy["spec"])
+            no_prefix_regexp((manifest.get("metadata") or {}).get("annotations"))
         except (InvalidManifest, ValueError) as e:
             await self._report_unschedulable(request, proxy, f"invalid proxy pod: {e}")
             return None
@@ -441,12 +469,17 @@ class Scheduler:
             if why is not None:
                 excluded = {**excluded, connection.node_name: why}
         candidates = []
+        refused: list[str] = []
         allowed = 0
         for connection in self.registry.connections.values():
             if not connection.allows(namespace):
                 continue
             allowed += 1
             if connection.node_name in excluded:
+                continue
+            refusal = virtual_node_refusal(self.nodes.get(connection.node_name), asks)
+            if refusal is not None:
+                refused.append(refusal)
                 continue
             candidates.append(
                 Candidate(
@@ -460,7 +493,7 @@ class Scheduler:
         feasible, reasons = choose(wants, candidates)
         if not feasible:
             message = unschedulable_message(
-                allowed, [*reasons.values(), *(REJECTED for _ in excluded)]
+                allowed, [*reasons.values(), *refused, *(REJECTED for _ in excluded)]
             )
             if excluded:
                 message += " " + "; ".join(sorted(excluded.values()))

@@ -50,8 +50,95 @@ _INT64 = re.compile(r"^[+-]?\d+$")
 _SUMMARY_CACHE_SIZE = 1024
 
 
+CORDONED = "target(s) were unschedulable"
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+
 def untolerated_taint(key: str, value: str) -> str:
     return f"target(s) had untolerated taint {{{key}: {value}}}"
+
+
+@dataclass(frozen=True)
+class ProxyConstraints:
+    """What a proxy pod itself asks of a virtual node, as kube-scheduler (the proxy scheduler
+    upstream) would judge it: its nodeSelector, required node affinity (hostname and
+    ``matchFields`` on ``metadata.name`` included: a virtual node's are known) and tolerations.
+    The webhook gives a proxy pod only the virtual nodes' own selector and tolerations, plus
+    what ``proxy-pod-scheduling-constraints`` (or ``use-constraints-from-spec-…``) asks."""
+
+    selector: tuple[tuple[str, str], ...]
+    required: tuple[tuple[tuple[_Expression, ...], tuple[_Expression, ...]], ...]
+    tolerations: tuple[tuple[str, str, str, str], ...]
+
+
+def proxy_constraints(spec: Mapping[str, Any]) -> ProxyConstraints:
+    """``spec``: the proxy pod's (ValueError if malformed)."""
+    selector = tuple(
+        (_string(k, "nodeSelector key"), _string(v, f"nodeSelector[{k}]"))
+        for k, v in _mapping(spec.get("nodeSelector"), "spec.nodeSelector").items()
+    )
+    affinity = _mapping(spec.get("affinity"), "spec.affinity")
+    node_affinity = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = []
+    if required is not None:
+        where = "requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+        required = _mapping(required, where)
+        for i, term in enumerate(_list(required.get("nodeSelectorTerms"), where)):
+            term = _mapping(term, f"{where}[{i}]")
+            expressions, fields = (
+                tuple(
+                    _compile_expression(e, f"{where}[{i}].{part}[{j}]")
+                    for j, e in enumerate(_list(term.get(part), f"{where}[{i}].{part}"))
+                )
+                for part in ("matchExpressions", "matchFields")
+            )
+            terms.append((expressions, fields))
+    tolerations = tuple(
+        _compile_toleration(t, i)
+        for i, t in enumerate(_list(spec.get("tolerations"), "spec.tolerations"))
+    )
+    return ProxyConstraints(
+        selector=selector,
+        required=tuple(terms),
+        tolerations=tuple(t for t in tolerations if t[0] or t[1] == "Exists"),
+    )
+
+
+def virtual_node_refusal(node: Mapping[str, Any] | None, wants: ProxyConstraints) -> str | None:
+    """Why kube-scheduler would not put the proxy pod on the virtual node ``node``, as its
+    NodeUnschedulable, NodeAffinity and TaintToleration filters judge: the node is cordoned,
+    does not match the pod's node selector or required affinity, or has a NoSchedule or
+    NoExecute taint the pod does not tolerate. None when it would (or when the node is not known
+    yet: its target is judged on its summary alone). An admin cordons or taints a virtual node
+    to stop new pods going to its target."""
+    if node is None:
+        return None
+    spec, meta = node.get("spec") or {}, node.get("metadata") or {}
+    tolerations = wants.tolerations
+    if spec.get("unschedulable") is True and not any(
+        _tolerates(t, (UNSCHEDULABLE_TAINT, "", "NoSchedule")) for t in tolerations
+    ):
+        return CORDONED
+    labels = meta.get("labels") or {}
+    if any(labels.get(k) != v for k, v in wants.selector):
+        return NODE_AFFINITY_MISMATCH
+    if wants.required:
+        fields = {"metadata.name": meta.get("name") or ""}
+        if not any(
+            (expressions or node_fields)
+            and all(e.matches(labels) for e in expressions)
+            and all(e.matches(fields) for e in node_fields)
+            for expressions, node_fields in wants.required
+        ):
+            return NODE_AFFINITY_MISMATCH
+    for taint in spec.get("taints") or ():
+        if not isinstance(taint, Mapping) or taint.get("effect") not in HARD_EFFECTS:
+            continue
+        key, value = str(taint.get("key") or ""), str(taint.get("value") or "")
+        if not any(_tolerates(t, (key, value, taint["effect"])) for t in tolerations):
+            return untolerated_taint(key, value)
+    return None
 
 
 def insufficient(resource: str) -> str:

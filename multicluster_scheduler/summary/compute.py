@@ -28,22 +28,6 @@ def is_virtual(node: dict) -> bool:
     return labels.get("type") == "virtual-kubelet" or keys.PROVIDER_KEY in labels
 
 
-def slim_node(node: dict) -> dict:
-    meta, status = node["metadata"], node.get("status") or {}
-    return {
-        "metadata": {
-            "name": meta["name"],
-            "resourceVersion": meta.get("resourceVersion"),
-            "labels": meta.get("labels") or {},
-        },
-        "spec": {"taints": (node.get("spec") or {}).get("taints") or []},
-        "status": {
-            "capacity": status.get("capacity") or {},
-            "allocatable": status.get("allocatable") or {},
-        },
-    }
-
-
 def slim_pod(pod: dict) -> dict:
     meta, spec = pod["metadata"], pod.get("spec") or {}
 

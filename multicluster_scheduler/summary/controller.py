@@ -22,7 +22,8 @@ from multicluster.resources import NODES, PODS
 
 from ..api import keys
 from ..api.resources import CLUSTER_SUMMARIES
-from .compute import RequestedLedger, slim_node, slim_pod, summarize_nodes
+from ..api.summary import slim_node
+from .compute import RequestedLedger, slim_pod, summarize_nodes
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "multicluster-scheduler-summary"

@@ -40,6 +40,7 @@ from ..api import keys
 from ..api.conditions import ready_condition
 from ..api.naming import virtual_node_name
 from ..api.proxy import DELEGATE_LABEL_SELECTOR, slim_delegate
+from ..api.regexps import compile_regexp
 from ..api.resources import CLUSTER_SUMMARIES, CLUSTER_TARGETS, TARGETS
 from .limits import (
     CACHE_FULL,
@@ -373,9 +374,32 @@ class TargetsReconciler:
         failover = float(failover) if isinstance(failover, int) and failover > 0 else None
         changed = connection.failover_after != failover
         connection.failover_after = failover
+        changed = await self._exclude_labels(connection, target) or changed
         if connection.set_ready(bool(ready), reason, message) or changed:
             self.registry.changed(connection)
         await self._write_condition(target, ready, reason, message)
+
+    async def _exclude_labels(self, connection: TargetConnection, target: dict) -> bool:
+        """Compile ``spec.excludedLabelsRegexp`` when it changed (whether it did); an invalid one
+        excludes nothing, as upstream, and says why in a Warning event."""
+        pattern = (target.get("spec") or {}).get("excludedLabelsRegexp")
+        pattern = pattern if isinstance(pattern, str) and pattern else None
+        if pattern == connection.excluded_labels_regexp:
+            return False
+        connection.excluded_labels_regexp, connection.excluded_labels = pattern, None
+        if pattern is not None:
+            try:
+                connection.excluded_labels = compile_regexp(pattern)
+            except ValueError as e:
+                resource = TARGETS if target["metadata"].get("namespace") else CLUSTER_TARGETS
+                await self.events.record(
+                    {**target, "apiVersion": resource.api_version, "kind": resource.kind},
+                    "Warning",
+                    "InvalidExcludedLabelsRegexp",
+                    f"spec.excludedLabelsRegexp is not a regular expression (RE2 syntax): {e}; "
+                    "no label is excluded from the virtual node",
+                )
+        return True
 
     async def _write_condition(
         self, target: dict, ready: bool | None, reason: str, message: str

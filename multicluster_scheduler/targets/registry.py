@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from multicluster import Cluster, Informer
 from multicluster.resources import PODS
@@ -58,6 +59,8 @@ class TargetConnection:
     message: str = ""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     failover_after: float | None = None  # spec.failoverAfterSeconds
+    excluded_labels_regexp: str | None = None  # spec.excludedLabelsRegexp, as written
+    excluded_labels: Any = None  # ... compiled (None: none, or invalid)
     identity: str | None = None  # who this cluster is to the target (a user name), if known
     not_ready_since: float | None = None  # since when it has been failing (not Connecting)
 

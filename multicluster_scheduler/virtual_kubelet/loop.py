@@ -76,10 +76,19 @@ class NodeLoop:
                 self._node = await self.client.get(NODES, self.name)
             except NotFound:
                 self._node = await self.client.create(
-                    NODES, node_object(self.name, self.connection.labels, summary, self.owner)
+                    NODES,
+                    node_object(
+                        self.name,
+                        self.connection.labels,
+                        summary,
+                        self.owner,
+                        self.connection.excluded_labels,
+                    ),
                 )
                 log.info("virtual node created node=%s", self.name)
-        labels = node_labels(self.name, self.connection.labels, summary)
+        labels = node_labels(
+            self.name, self.connection.labels, summary, self.connection.excluded_labels
+        )
         meta = self._node["metadata"]
         patch: dict = {}
         if (meta.get("labels") or {}) != labels:

@@ -30,6 +30,7 @@ from typing import Any
 from .. import __version__
 from ..api import keys
 from ..api.quantity import is_binary, parse
+from ..api.regexps import without_matching
 
 log = logging.getLogger(__name__)
 ROLE_LABEL = "kubernetes.io/role"
@@ -324,12 +325,15 @@ def report_summary(node: str, summary: Any) -> None:
     )
 
 
-def node_labels(name: str, target_labels: dict[str, str], summary: dict | None) -> dict[str, str]:
+def node_labels(
+    name: str, target_labels: dict[str, str], summary: dict | None, excluded: Any = None
+) -> dict[str, str]:
     """The node's labels: ours win over the summary's (which are checked, and whose problems
-    are logged here: the node loop reads the summary through this first on every pass)."""
+    are logged here: the node loop reads the summary through this first on every pass), less
+    those the Target's ``excludedLabelsRegexp`` (``excluded``, compiled) matches."""
     report_summary(name, summary)
     return {
-        **common_labels(summary),
+        **without_matching(common_labels(summary), excluded),
         "type": "virtual-kubelet",
         ROLE_LABEL: "cluster",
         EXCLUDE_FROM_LB: "",
@@ -340,11 +344,16 @@ def node_labels(name: str, target_labels: dict[str, str], summary: dict | None) 
 
 
 def node_object(
-    name: str, target_labels: dict[str, str], summary: dict | None, owner: dict | None = None
+    name: str,
+    target_labels: dict[str, str],
+    summary: dict | None,
+    owner: dict | None = None,
+    excluded: Any = None,
 ) -> dict:
     """``owner``: an owner reference to a cluster-scoped object of the release (so that
     uninstalling garbage-collects the node even if no agent is left to delete it)."""
-    metadata: dict[str, Any] = {"name": name, "labels": node_labels(name, target_labels, summary)}
+    labels = node_labels(name, target_labels, summary, excluded)
+    metadata: dict[str, Any] = {"name": name, "labels": labels}
     if owner:
         metadata["ownerReferences"] = [owner]
     return {

@@ -50,7 +50,7 @@ from ..api.proxy import (
 )
 from ..targets.delegates import DelegateLookup
 from ..targets.registry import TargetConnection
-from .status import annotation_patch, failed_status, status_patch
+from .status import annotation_patch, status_patch
 
 log = logging.getLogger(__name__)
 NODE_INDEX = "node"
@@ -314,24 +314,23 @@ class PodSync:
             )
 
     async def _lost(self, proxy: dict, connection: TargetConnection) -> None:
+        """Its delegate was deleted in the target (by hand, a drain there, its garbage
+        collector): the proxy pod is deleted, as Admiralty does, so that its owner replaces it
+        and no Failed pod is left behind. Its finalizer goes on the next pass (no delegate)."""
         meta = proxy["metadata"]
         message = (
             f"the delegate of this pod in target {connection.name} was deleted outside "
-            "multicluster-scheduler; its owner will replace this pod"
+            "multicluster-scheduler; this pod is deleted so that its owner replaces it"
         )
-        try:
-            await self.local.client.patch(
-                PODS,
-                meta["name"],
-                {"status": failed_status(proxy, "DelegateLost", message)},
-                meta["namespace"],
-                subresource="status",
-            )
-        except NotFound:
-            return
         self.events.emit(pod_reference(proxy), "Warning", "DelegateLost", message)
+        try:
+            await self.local.client.delete(
+                PODS, meta["name"], meta["namespace"], preconditions={"uid": meta["uid"]}
+            )
+        except (NotFound, Conflict):
+            return  # gone already, or another pod of that name now
         log.info(
-            "delegate lost namespace=%s proxy=%s target=%s",
+            "delegate lost, proxy pod deleted namespace=%s proxy=%s target=%s",
             meta["namespace"],
             meta["name"],
             connection.node_name,

@@ -7,8 +7,6 @@ delegate flow back too, except ours (they describe the delegate, not the proxy p
 
 from __future__ import annotations
 
-import datetime as dt
-
 from ..api import keys
 
 MIRRORED_STATUS = (
@@ -50,41 +48,3 @@ def annotation_patch(proxy: dict, delegate: dict) -> dict | None:
         if not k.startswith(keys.PREFIX) and have.get(k) != v
     }
     return patch or None
-
-
-def failed_status(proxy: dict, reason: str, message: str) -> dict:
-    """The status of a proxy pod whose delegate is lost: Failed, so that its owner replaces it.
-    Containers that were running are reported terminated, as a kubelet would."""
-    status = proxy.get("status") or {}
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    containers = []
-    for container in status.get("containerStatuses") or ():
-        state = container.get("state") or {}
-        if "terminated" not in state:
-            container = {
-                **container,
-                "ready": False,
-                "started": False,
-                "state": {
-                    "terminated": {
-                        "exitCode": 137,
-                        "reason": reason,
-                        "message": message,
-                        "startedAt": (state.get("running") or {}).get("startedAt") or now,
-                        "finishedAt": now,
-                    }
-                },
-            }
-        containers.append(container)
-    conditions = [
-        {**c, "status": "False", "reason": reason}
-        if c.get("type") in ("Ready", "ContainersReady")
-        else c
-        for c in status.get("conditions") or ()
-    ]
-    patch: dict = {"phase": "Failed", "reason": reason, "message": message}
-    if containers:
-        patch["containerStatuses"] = containers
-    if conditions:
-        patch["conditions"] = conditions
-    return patch

@@ -20,7 +20,9 @@ from typing import Any, Final
 import orjson
 
 from multicluster_scheduler.api import keys
+from multicluster_scheduler.api.constraints import proxy_scheduling_constraints
 from multicluster_scheduler.api.naming import prefixed_label_key
+from multicluster_scheduler.api.regexps import compile_regexp
 
 # Kubernetes' own taints, set by the node lifecycle controller.
 NETWORK_UNAVAILABLE_TAINT = "node.kubernetes.io/network-unavailable"
@@ -107,6 +109,14 @@ def _metadata_patch(pod: dict) -> list[dict]:
     labels = _string_map(metadata.get("labels"), "metadata.labels")
     finalizers = _string_list(metadata.get("finalizers"), "metadata.finalizers")
 
+    if keys.NO_PREFIX_LABEL_REGEXP in annotations:
+        try:
+            compile_regexp(annotations[keys.NO_PREFIX_LABEL_REGEXP])
+        except ValueError as e:
+            raise ValueError(
+                f"annotation {keys.NO_PREFIX_LABEL_REGEXP} is not a regular expression (RE2 "
+                f"syntax, as Go's): {e}"
+            ) from None
     ops = []
     if keys.SOURCEPOD_MANIFEST not in annotations:
         manifest = _manifest(pod, annotations)
@@ -137,14 +147,20 @@ def _spec_patch(pod: dict) -> list[dict]:
             "cluster by multicluster-scheduler, so it cannot be bound to a node here; remove "
             f"spec.nodeName or the {keys.ELECT} annotation"
         )
+    asks = _proxy_asks(pod, spec)
     wanted: dict[str, Any] = {}
     tolerations = [dict(toleration) for toleration in PROXY_TOLERATIONS]
+    tolerations += asks.get("tolerations") or []
     if spec.get("tolerations") != tolerations:
         wanted["tolerations"] = tolerations
     if spec.get("schedulerName") != keys.PROXY_SCHEDULER_NAME:
         wanted["schedulerName"] = keys.PROXY_SCHEDULER_NAME
-    if spec.get("nodeSelector") != PROXY_NODE_SELECTOR:
-        wanted["nodeSelector"] = dict(PROXY_NODE_SELECTOR)
+    selector = {**(asks.get("nodeSelector") or {}), **PROXY_NODE_SELECTOR}
+    if spec.get("nodeSelector") != selector:
+        wanted["nodeSelector"] = selector
+    for field in REMOVED_SPEC_FIELDS:  # the proxy's own, or none
+        if field in asks and spec.get(field) != asks[field]:
+            wanted[field] = asks[field]
     grace = spec.get("terminationGracePeriodSeconds")
     if type(grace) is not int or grace != 0:  # strictly: false and 0.0 are not 0
         wanted["terminationGracePeriodSeconds"] = 0
@@ -152,8 +168,30 @@ def _spec_patch(pod: dict) -> list[dict]:
         return [_op("add", "/spec", wanted)]
 
     ops = [_op("replace" if f in spec else "add", f"/spec/{f}", v) for f, v in wanted.items()]
-    ops.extend({"op": "remove", "path": f"/spec/{f}"} for f in REMOVED_SPEC_FIELDS if f in spec)
+    ops.extend(
+        {"op": "remove", "path": f"/spec/{f}"}
+        for f in REMOVED_SPEC_FIELDS
+        if f in spec and f not in asks
+    )
     return ops
+
+
+def _proxy_asks(pod: dict, spec: dict) -> dict:
+    """What the proxy pod asks of virtual nodes besides theirs (upstream's
+    ``proxy-pod-scheduling-constraints`` and ``use-constraints-from-spec-…``): the pod's own
+    constraints are those of the manifest once saved (a reinvocation sees the proxy's)."""
+    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    if not isinstance(annotations, dict):
+        return {}
+    own = spec
+    if keys.USE_CONSTRAINTS_FROM_SPEC in annotations and keys.SOURCEPOD_MANIFEST in annotations:
+        try:
+            saved = orjson.loads(annotations[keys.SOURCEPOD_MANIFEST])
+            own = saved["spec"] if isinstance(saved.get("spec"), dict) else {}
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            own = {}
+    return proxy_scheduling_constraints(annotations, own)
 
 
 def _manifest(pod: dict, annotations: dict[str, str]) -> str:

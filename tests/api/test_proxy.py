@@ -204,6 +204,16 @@ def test_scheduling_constraints_are_kept(manifest, delegate, field):
     assert delegate["spec"][field] == manifest["spec"][field]
 
 
+def test_with_use_constraints_from_spec_the_delegate_goes_without_them(manifest):
+    """As upstream: the proxy pod asks them of virtual nodes; the target places freely."""
+    manifest["metadata"].setdefault("annotations", {})[keys.USE_CONSTRAINTS_FROM_SPEC] = ""
+    spec = delegate_pod(proxy_of(manifest), manifest, "cluster1")["spec"]
+    for field in ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints"):
+        assert field not in spec
+    assert spec["schedulerName"] == manifest["spec"]["schedulerName"]
+    assert [c["image"] for c in spec["containers"]] == ["nginx", "envoy"]
+
+
 def test_the_service_account_token_volume_and_its_mounts_are_removed(delegate):
     spec = delegate["spec"]
     assert [v["name"] for v in spec["volumes"]] == ["config", "data"]
@@ -523,3 +533,22 @@ def test_slim_pods_without_spec_or_status(slim):
     assert slimmed["metadata"] == {"name": "p", "uid": "u"}
     assert slimmed["spec"]["nodeName"] is None
     assert slimmed["status"] == {}
+
+
+def test_labels_the_no_prefix_regexp_matches_stay_as_they_are(manifest):
+    """Upstream v0.17's no-prefix-label-regexp, on key=value (e.g. Kueue's queue name)."""
+    meta = manifest["metadata"]
+    meta["labels"] = {"app": "web", "kueue.x-k8s.io/queue-name": "q1", "example.com/app": "x"}
+    meta.setdefault("annotations", {})[keys.NO_PREFIX_LABEL_REGEXP] = r"^kueue\.x-k8s\.io/"
+    labels = delegate_pod(proxy_of(manifest), manifest, "cluster1")["metadata"]["labels"]
+    assert labels == {
+        keys.PREFIX + "app": "x",
+        "kueue.x-k8s.io/queue-name": "q1",
+        keys.PARENT_UID: "0b6a5d1e-7f43-4c3a-9d0e-2f1b8c7a6e55",
+    }
+
+
+def test_an_invalid_no_prefix_regexp_makes_the_manifest_invalid(manifest):
+    manifest["metadata"].setdefault("annotations", {})[keys.NO_PREFIX_LABEL_REGEXP] = "("
+    with pytest.raises(InvalidManifest, match="missing"):
+        delegate_pod(proxy_of(manifest), manifest, "cluster1")

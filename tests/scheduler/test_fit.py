@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from multicluster_scheduler.api.summary import slim_node
 from multicluster_scheduler.scheduler import fit
 from multicluster_scheduler.scheduler.fit import (
     Candidate,
@@ -21,7 +22,7 @@ from multicluster_scheduler.scheduler.fit import (
     score,
     unschedulable_message,
 )
-from multicluster_scheduler.summary.compute import slim_node, slim_pod, summarize
+from multicluster_scheduler.summary.compute import slim_pod, summarize
 
 AFFINITY = fit.NODE_AFFINITY_MISMATCH
 
@@ -620,3 +621,107 @@ def test_constraints_are_immutable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.node_selector = {}  # type: ignore[misc]
     assert isinstance(c, Constraints)
+
+
+# -- virtual nodes an admin cordons or taints ----------------------------------------------------
+
+PROXY_TOLERATIONS = [
+    {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "admiralty"},
+    {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists"},
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+]
+OURS = {"key": "virtual-kubelet.io/provider", "value": "admiralty", "effect": "NoSchedule"}
+
+
+def virtual_node(unschedulable: bool = False, *taints: dict) -> dict:
+    return slim_node(
+        {
+            "metadata": {"name": "admiralty-default-c2"},
+            "spec": {"unschedulable": unschedulable, "taints": [OURS, *taints]},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("node", "tolerations", "expected"),
+    [
+        (None, PROXY_TOLERATIONS, None),
+        (virtual_node(), PROXY_TOLERATIONS, None),
+        (virtual_node(True), PROXY_TOLERATIONS, fit.CORDONED),
+        (virtual_node(True), [*PROXY_TOLERATIONS, {"key": fit.UNSCHEDULABLE_TAINT,
+                                                    "operator": "Exists"}], None),
+        (virtual_node(False, {"key": "drain", "value": "now", "effect": "NoSchedule"}),
+         PROXY_TOLERATIONS, fit.untolerated_taint("drain", "now")),
+        (virtual_node(False, {"key": "drain", "effect": "NoExecute"}),
+         PROXY_TOLERATIONS, fit.untolerated_taint("drain", "")),
+        (virtual_node(False, {"key": "drain", "value": "x", "effect": "PreferNoSchedule"}),
+         PROXY_TOLERATIONS, None),
+        (virtual_node(False, {"key": "drain", "value": "now", "effect": "NoSchedule"}),
+         [*PROXY_TOLERATIONS, {"key": "drain", "value": "now"}], None),
+        (virtual_node(False, {"key": "drain", "value": "now", "effect": "NoSchedule"}),
+         [*PROXY_TOLERATIONS, {"key": "drain", "value": "later"}],
+         fit.untolerated_taint("drain", "now")),
+        (virtual_node(), None, fit.untolerated_taint(OURS["key"], OURS["value"])),
+        (virtual_node(True), [{"operator": "Equal", "value": ""}], fit.CORDONED),
+    ],
+)  # fmt: skip
+def test_a_cordoned_or_tainted_virtual_node_refuses_what_kube_scheduler_would(
+    node, tolerations, expected
+):
+    asks = fit.proxy_constraints({"tolerations": tolerations})
+    assert fit.virtual_node_refusal(node, asks) == expected
+
+
+def labelled(**labels: str) -> dict:
+    node = virtual_node()
+    node["metadata"]["labels"] = {"virtual-kubelet.io/provider": "admiralty", **labels}
+    return node
+
+
+def node_affinity(*terms: dict) -> dict:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": list(terms)}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "node", "expected"),
+    [
+        ({"nodeSelector": {"region": "eu"}}, labelled(region="eu"), None),
+        ({"nodeSelector": {"region": "eu"}}, labelled(region="us"), AFFINITY),
+        ({"nodeSelector": {"kubernetes.io/hostname": "admiralty-default-c2"}},
+         labelled(**{"kubernetes.io/hostname": "admiralty-default-c2"}), None),
+        ({"nodeSelector": {"kubernetes.io/hostname": "admiralty-default-c1"}},
+         labelled(**{"kubernetes.io/hostname": "admiralty-default-c2"}), AFFINITY),
+        ({"affinity": node_affinity({"matchExpressions": [
+            {"key": "region", "operator": "In", "values": ["eu", "ap"]}]})},
+         labelled(region="eu"), None),
+        ({"affinity": node_affinity({"matchExpressions": [
+            {"key": "region", "operator": "NotIn", "values": ["eu"]}]})},
+         labelled(region="eu"), AFFINITY),
+        ({"affinity": node_affinity({"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["admiralty-default-c2"]}]})},
+         labelled(), None),
+        ({"affinity": node_affinity({"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["admiralty-default-c1"]}]})},
+         labelled(), AFFINITY),
+        ({"affinity": node_affinity({})}, labelled(), AFFINITY),  # an empty term matches nothing
+    ],
+)  # fmt: skip
+def test_a_proxy_pods_own_constraints_are_judged_against_virtual_node_labels(spec, node, expected):
+    asks = fit.proxy_constraints({**spec, "tolerations": PROXY_TOLERATIONS})
+    assert fit.virtual_node_refusal(node, asks) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({"tolerations": ["x"]}, "spec.tolerations"),
+        ({"nodeSelector": {"a": 1}}, "nodeSelector"),
+        ({"affinity": node_affinity({"matchExpressions": [{"key": "a", "operator": "Near"}]})},
+         "unknown operator"),
+    ],
+)  # fmt: skip
+def test_malformed_proxy_constraints_are_refused(spec, says):
+    with pytest.raises(ValueError, match=says):
+        fit.proxy_constraints(spec)

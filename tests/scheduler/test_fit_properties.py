@@ -26,6 +26,7 @@ from fractions import Fraction
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from multicluster_scheduler.api.summary import slim_node
 from multicluster_scheduler.scheduler import fit
 from multicluster_scheduler.scheduler.fit import (
     Candidate,
@@ -37,7 +38,7 @@ from multicluster_scheduler.scheduler.fit import (
     unschedulable_message,
     untolerated_taint,
 )
-from multicluster_scheduler.summary.compute import slim_node, slim_pod, summarize
+from multicluster_scheduler.summary.compute import slim_pod, summarize
 
 HOSTNAME = "kubernetes.io/hostname"
 HARD = ("NoSchedule", "NoExecute")

@@ -90,7 +90,7 @@ async def test_a_silent_target_holds_at_most_so_many_workers_of_its_namespace(mo
     lookup = DelegateLookup(registry, proxy_informer(local), "me")
     scheduler = Scheduler(local, lookup)
     scheduler.events = type("E", (), {"emit": lambda *_a, **_k: None})()  # type: ignore[assignment]
-    for informer in (scheduler.proxies, scheduler.enabled):
+    for informer in (scheduler.proxies, scheduler.enabled, scheduler.nodes):
         informer._synced.set()
     silent, quick = Silent(), Quick()
     connect(registry, "evil", "mallory", silent)
@@ -131,7 +131,7 @@ async def test_a_creation_that_takes_too_long_moves_the_pod_on(monkeypatch):
     scheduler = Scheduler(local, lookup)
     seen: list[str] = []
     scheduler.events = type("E", (), {"emit": lambda _s, _o, _t, r, m: seen.append(m)})()  # type: ignore[assignment]
-    for informer in (scheduler.proxies, scheduler.enabled):
+    for informer in (scheduler.proxies, scheduler.enabled, scheduler.nodes):
         informer._synced.set()
     connect(registry, "evil", "mallory", Silent())
     scheduler.enabled.store.put("mallory", {"metadata": {"name": "mallory"}})

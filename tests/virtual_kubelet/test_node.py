@@ -5,6 +5,7 @@ whatever the summary holds; an honest summary passes whole; the reasons are logg
 from __future__ import annotations
 
 import logging
+import re
 import time
 from fractions import Fraction
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.quantity import format_quantity, parse
+from multicluster_scheduler.api.regexps import compile_regexp, label_matches
 from multicluster_scheduler.summary.compute import summarize
 from multicluster_scheduler.virtual_kubelet import node as virtual
 from multicluster_scheduler.virtual_kubelet.node import (
@@ -416,3 +418,51 @@ def test_a_hostile_value_is_quoted_short_and_on_one_line(caplog):
     message = record.getMessage()
     assert "\n" not in message
     assert len(message) < 400
+
+
+# -- spec.excludedLabelsRegexp ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "kept"),
+    [
+        (r"^kubernetes\.azure\.com/cluster=",
+         {"tier": "gold", "x-kubernetes.azure.com/cluster": "a"}),
+        ("gold", {"kubernetes.azure.com/cluster": "mc_rg", "x-kubernetes.azure.com/cluster": "a"}),
+        ("=a$", {"tier": "gold", "kubernetes.azure.com/cluster": "mc_rg"}),
+        ("^tier=gold$|cluster=", {}),
+        ("nothing-matches", {"tier": "gold", "kubernetes.azure.com/cluster": "mc_rg",
+                             "x-kubernetes.azure.com/cluster": "a"}),
+    ],
+)  # fmt: skip
+def test_labels_the_targets_regexp_matches_by_key_and_value_stay_off(pattern, kept):
+    """As upstream: matched unanchored against ``key=value``; our own labels never excluded."""
+    offered = {
+        "tier": "gold",
+        "kubernetes.azure.com/cluster": "mc_rg",
+        "x-kubernetes.azure.com/cluster": "a",
+    }
+    summary = groups(offered, offered)
+    everything = node_labels("vn", TARGET, summary, compile_regexp("."))
+    assert everything == OURS, "ours are never excluded"
+    assert node_labels("vn", TARGET, summary, compile_regexp(pattern)) == {**OURS, **kept}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        (r"(a)\1", "invalid escape sequence"),
+        ("(?=a)", "invalid perl operator"),
+        ("[", "missing ]"),
+        ("a" * 1025, "longer than 1024 characters"),
+    ],
+)
+def test_a_pattern_that_is_not_re2_is_refused_with_the_reason(pattern, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        compile_regexp(pattern)
+
+
+def test_a_pattern_that_backtracks_for_hours_in_python_takes_no_time():
+    started = time.monotonic()
+    assert not label_matches(compile_regexp("(a+)+$"), "k", "a" * 50_000 + "b")
+    assert time.monotonic() - started < 0.5

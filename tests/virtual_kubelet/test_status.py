@@ -4,7 +4,6 @@ the Failed status of a proxy pod whose delegate is lost."""
 from __future__ import annotations
 
 import copy
-import datetime as dt
 
 import pytest
 from hypothesis import given
@@ -14,7 +13,6 @@ from multicluster_scheduler.api import keys
 from multicluster_scheduler.virtual_kubelet.status import (
     MIRRORED_STATUS,
     annotation_patch,
-    failed_status,
     status_patch,
 )
 
@@ -290,73 +288,3 @@ def test_annotations_missing_on_the_delegate_are_left_alone():
 
 def test_a_proxy_without_annotations():
     assert annotation_patch(pod(), pod(annotations={"a": "b"})) == {"a": "b"}
-
-
-# failed_status
-
-
-def timestamp(text: str) -> dt.datetime:
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-
-
-def test_failed_with_the_reason_and_message():
-    patch = failed_status(pod(), "DelegateLost", "the delegate was deleted")
-    assert patch == {
-        "phase": "Failed",
-        "reason": "DelegateLost",
-        "message": "the delegate was deleted",
-    }
-
-
-def test_running_containers_are_reported_terminated():
-    before = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    patch = failed_status(pod(RUNNING), "DelegateLost", "gone")
-    after = dt.datetime.now(dt.UTC)
-    assert [c["name"] for c in patch["containerStatuses"]] == ["web", "sidecar"]
-    for status in patch["containerStatuses"]:
-        assert status["ready"] is False
-        assert set(status["state"]) == {"terminated"}
-        state = status["state"]["terminated"]
-        assert state["reason"] == "DelegateLost"
-        assert state["message"] == "gone"
-        assert state["exitCode"] != 0
-        assert state["startedAt"] == STARTED
-        assert before <= timestamp(state["finishedAt"]) <= after
-        assert status["image"] == "nginx"
-
-
-def test_terminated_containers_are_left_as_they_are():
-    status = {**RUNNING, "containerStatuses": [terminated("job"), running("web")]}
-    patch = failed_status(pod(status), "DelegateLost", "gone")
-    assert patch["containerStatuses"][0] == terminated("job")
-    assert "terminated" in patch["containerStatuses"][1]["state"]
-
-
-def test_waiting_containers_are_reported_terminated():
-    status = {"phase": "Pending", "containerStatuses": [waiting()]}
-    (container,) = failed_status(pod(status), "DelegateLost", "gone")["containerStatuses"]
-    assert set(container["state"]) == {"terminated"}
-    assert container["state"]["terminated"]["finishedAt"]
-
-
-def test_ready_conditions_become_false():
-    patch = failed_status(pod(RUNNING), "DelegateLost", "gone")
-    by_type = {c["type"]: c for c in patch["conditions"]}
-    assert [c["type"] for c in patch["conditions"]] == [c["type"] for c in RUNNING["conditions"]]
-    for kind in ("Ready", "ContainersReady"):
-        assert by_type[kind]["status"] == "False"
-        assert by_type[kind]["reason"] == "DelegateLost"
-    assert by_type["PodScheduled"] == condition("PodScheduled")
-    assert by_type["Initialized"] == condition("Initialized")
-
-
-def test_failed_status_does_not_mutate_the_proxy():
-    proxy = pod(copy.deepcopy(RUNNING))
-    failed_status(proxy, "DelegateLost", "gone")
-    assert proxy == pod(RUNNING)
-
-
-def test_a_failed_proxy_is_terminal_for_its_owner():
-    proxy = merge(RUNNING, failed_status(pod(RUNNING), "DelegateLost", "gone"))
-    assert proxy["phase"] == "Failed"
-    assert all("terminated" in c["state"] and not c["ready"] for c in proxy["containerStatuses"])

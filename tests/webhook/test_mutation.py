@@ -372,3 +372,76 @@ def test_elected_pods_get_the_mutation_patch(pod):
     assert result == ("patched" if ops else "allowed")
     if ops:
         assert orjson.loads(base64.b64decode(answer["response"]["patch"])) == ops
+
+
+# -- what a proxy pod asks of virtual nodes (upstream's annotations) ----------------------------
+
+CONSTRAINTS = keys.PROXY_POD_SCHEDULING_CONSTRAINTS
+
+
+def annotated(**annotations: str) -> dict:
+    pod = user_pod()
+    pod["metadata"]["annotations"].update(annotations)
+    return pod
+
+
+def test_the_constraints_annotation_is_what_the_proxy_pod_asks_of_virtual_nodes():
+    fragment = """
+nodeSelector:
+  multicluster.admiralty.io/target-name: c2
+tolerations:
+- {key: maintenance, operator: Exists}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+      - matchExpressions: [{key: region, operator: In, values: [eu]}]
+"""
+    pod = annotated(**{CONSTRAINTS: fragment})
+    proxy = mutate(pod)
+    spec = proxy["spec"]
+    assert spec["nodeSelector"] == {
+        "multicluster.admiralty.io/target-name": "c2",
+        "virtual-kubelet.io/provider": "admiralty",
+    }
+    assert spec["tolerations"] == [*PROXY_TOLERATIONS, {"key": "maintenance", "operator": "Exists"}]
+    assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert "topologySpreadConstraints" not in spec
+    manifest = orjson.loads(proxy["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST])
+    assert manifest["spec"] == pod["spec"], "the delegate keeps the pod's own constraints"
+    assert mutation_patch(proxy) == [], "a reinvocation changes nothing"
+
+
+def test_use_constraints_from_spec_moves_the_pods_constraints_to_the_proxy():
+    pod = annotated(**{keys.USE_CONSTRAINTS_FROM_SPEC: ""})
+    proxy = mutate(pod)
+    spec = proxy["spec"]
+    assert spec["nodeSelector"] == {"disk": "ssd", "virtual-kubelet.io/provider": "admiralty"}
+    assert spec["tolerations"] == [*PROXY_TOLERATIONS, *pod["spec"]["tolerations"]]
+    assert spec["affinity"] == pod["spec"]["affinity"]
+    assert spec["topologySpreadConstraints"] == pod["spec"]["topologySpreadConstraints"]
+    assert mutation_patch(proxy) == [], "a reinvocation reads the saved manifest"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[1, 2]", "not a PodSpec fragment"),
+        ("containers: []", "only nodeSelector"),
+        ("nodeSelector: [a]", "nodeSelector is not an object"),
+        ("nodeSelector: {a: 1}", "not a map of strings"),
+        ("tolerations: {a: b}", "tolerations is not a list"),
+        ("a: &x [1]\nb: *x", "aliases"),
+        ("{", "not YAML or JSON"),
+    ],
+)
+def test_a_constraints_annotation_that_is_not_a_fragment_refuses_the_pod(text, says):
+    with pytest.raises(ValueError, match=says):
+        mutation_patch(annotated(**{CONSTRAINTS: text}))
+
+
+def test_an_invalid_no_prefix_label_regexp_refuses_the_pod_with_the_reason():
+    pod = annotated(**{keys.NO_PREFIX_LABEL_REGEXP: "a(b"})
+    with pytest.raises(ValueError, match=r"no-prefix-label-regexp is not a regular .*missing \)"):
+        mutation_patch(pod)
+    assert mutation_patch(annotated(**{keys.NO_PREFIX_LABEL_REGEXP: "^app="}))
