@@ -160,6 +160,9 @@ def down(directory: Path, timeout: float = 30.0) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
+    # Ctrl-C stops what was started, even when started from a background job (whose shell
+    # leaves SIGINT ignored, and Python with it: CI runs the tests so).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     directory = Path(args.dir).resolve()
     parse_specs(args)  # refuse bad options before starting anything
     directory.mkdir(parents=True, exist_ok=True)

@@ -91,8 +91,9 @@ class NodeLoop:
         )
         meta = self._node["metadata"]
         patch: dict = {}
-        if (meta.get("labels") or {}) != labels:
-            patch["labels"] = labels
+        current = meta.get("labels") or {}
+        if current != labels:  # exactly these, as upstream: a label the summary dropped goes
+            patch["labels"] = {**{k: None for k in current if k not in labels}, **labels}
         if self.owner and self.owner not in (meta.get("ownerReferences") or []):
             patch["ownerReferences"] = [self.owner]
         if patch:
