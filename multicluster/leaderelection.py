@@ -3,8 +3,10 @@
 A candidate takes the lease when it is free or its holder has not renewed it for
 ``lease_duration`` (measured on the candidate's own clock from when it last saw the lease
 change, so clocks need not agree). The leader renews every ``retry_period``; if it cannot renew
-for ``renew_deadline`` it stops leading at once. On a clean shutdown it releases the lease so a
-successor takes over without waiting.
+for ``renew_deadline`` it stops leading at once. Each attempt, leading or not, has half the renew
+deadline, then starts again on new connections: one dead connection costs neither the lease nor
+the succession. On a clean shutdown it releases the lease so a successor takes over without
+waiting.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class LeaderElector:
         the lease (if configured).
         """
         config = self.config
-        while not await self._try_acquire_or_renew():
+        while not await self._attempt():
             await asyncio.sleep(config.retry_period)
         self.is_leader = True
         self._gauge.set(1)
@@ -90,16 +92,31 @@ class LeaderElector:
         last_renew = time.monotonic()
         while True:
             await asyncio.sleep(config.retry_period)
-            try:
-                renewed = await asyncio.wait_for(
-                    self._try_acquire_or_renew(), timeout=config.renew_deadline
-                )
-            except TimeoutError:
-                renewed = False
+            renewed = await self._attempt()
             if renewed:
                 last_renew = time.monotonic()
             elif time.monotonic() - last_renew >= config.renew_deadline:
                 return
+
+    @property
+    def attempt_timeout(self) -> float:
+        """One attempt (a read and a write of the Lease) gets half the renew deadline: a request
+        stuck on a connection that died silently (a load balancer's idle timeout, a node gone)
+        must leave time for another, on a fresh connection, before the deadline."""
+        return max(self.config.retry_period, self.config.renew_deadline / 2)
+
+    async def _attempt(self) -> bool:
+        try:
+            return await asyncio.wait_for(self._try_acquire_or_renew(), self.attempt_timeout)
+        except TimeoutError:
+            log.warning(
+                "lease %s/%s: no answer in %.1fs, retrying on a new connection",
+                self.config.namespace,
+                self.config.name,
+                self.attempt_timeout,
+            )
+            await self.client.close()  # its pooled connections may be the dead ones
+            return False
 
     async def _try_acquire_or_renew(self) -> bool:
         config = self.config
