@@ -1,7 +1,8 @@
 """What Admiralty v0.17 users rely on, on the test bed: a virtual node an admin cordons or taints
 takes no new pods (kube-scheduler's NodeUnschedulable and TaintToleration filters, which run
 upstream on virtual nodes), and takes them again once uncordoned; a Target's
-excludedLabelsRegexp keeps labels off its virtual node."""
+excludedLabelsRegexp keeps labels off its virtual node; proxy pods' own constraints on virtual
+nodes; labels and Service selectors kept unprefixed by no-prefix-label-regexp."""
 
 from __future__ import annotations
 
@@ -203,6 +204,42 @@ def test_labels_the_no_prefix_regexp_matches_reach_delegates_as_they_are(guide, 
         assert labels["kueue.x-k8s.io/queue-name"] == "q1", labels
         assert labels["multicluster.admiralty.io/app"] == "queued", "the others prefixed"
         assert "app" not in labels
+
+    # A Service with the same regexp keeps that key of its selector as it is when rerouted.
+    regexp = {"multicluster.admiralty.io/no-prefix-label-regexp": r"^kueue\.x-k8s\.io/"}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "queued", "annotations": regexp},
+        "spec": {
+            "selector": {"app": "queued", "kueue.x-k8s.io/queue-name": "q1"},
+            "ports": [{"port": 80}],
+        },
+    }
+    kubectl.apply(SOURCE, service, "-n", namespace)
+    rerouted = {"multicluster.admiralty.io/app": "queued", "kueue.x-k8s.io/queue-name": "q1"}
+
+    def selector(context: str) -> dict | None:
+        found = kubectl(
+            context, "get", "service", "queued", "-n", namespace, "--ignore-not-found",
+            "-o", "jsonpath={.spec.selector}",
+        )  # fmt: skip
+        return json.loads(found) if found else None
+
+    def endpoints() -> set[str]:
+        found = set()
+        for context in (SOURCE, TARGET):
+            text = kubectl(
+                context, "get", "endpoints", "queued", "-n", namespace, "--ignore-not-found",
+                "-o", "jsonpath={.subsets[*].addresses[*].ip}",
+            )  # fmt: skip
+            found.update(text.split())
+        return found
+
+    wait_for(lambda: selector(SOURCE) == rerouted, 30, what="the Service rerouted")
+    wait_for(lambda: selector(TARGET) == rerouted, 30, what="its copy in cluster2")
+    ips = {d["status"]["podIP"] for d in found}
+    wait_for(lambda: endpoints() == ips, 30, what="endpoints: the delegates, not the proxy pods")
 
     bad = deployment("bad", 1, {"multicluster.admiralty.io/no-prefix-label-regexp": "("}, {})
     kubectl.apply(SOURCE, bad, "-n", namespace)

@@ -5,7 +5,9 @@ nodes, and an agent killed again and again during a rollout."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 
 import pytest
@@ -328,6 +330,39 @@ def test_a_lost_delegate_deletes_its_proxy_and_the_owner_replaces_it(guide, kube
     assert "was deleted outside" in events[0]["message"]
     wait_for(lambda: all_running(kubectl, namespace, 4), 60, what="a replacement Running")
     assert not [p for p in proxies(kubectl, namespace) if p["status"].get("phase") == "Failed"]
+
+
+def test_a_proxy_pod_gone_without_its_finalizer_leaves_no_delegate(
+    guide, installation: Installation, kubectl: Kubectl
+):
+    """Whoever removes our finalizer from a proxy pod and deletes it (an admin unsticking a
+    namespace, a release racing with its target's removal) orphans its delegate: the delegate
+    is deleted all the same, though it sends no event of its own."""
+    namespace, _ = guide
+    kubectl.apply(SOURCE, nginx(2), "-n", namespace)
+    wait_for(lambda: all_running(kubectl, namespace, 2), 60, what="2 proxy pods Running")
+    # No owner to replace them.
+    for kind in ("deployment", "replicaset"):
+        kubectl(SOURCE, "delete", kind, "--all", "-n", namespace, "--cascade=orphan")
+    # The agents are paused meanwhile, so that they see the proxy pods go at once, never being
+    # deleted (the API server sends both events before they read either).
+    agents = [a.pid for a in installation.agents[SOURCE] if a.pid]
+    for pid in agents:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        for proxy in proxies(kubectl, namespace):
+            name = proxy["metadata"]["name"]
+            kubectl(
+                SOURCE, "patch", "pod", name, "-n", namespace, "--type=json",
+                "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]',
+            )  # fmt: skip
+            kubectl(SOURCE, "delete", "pod", name, "-n", namespace, "--grace-period=0", "--force")
+    finally:
+        for pid in agents:
+            os.kill(pid, signal.SIGCONT)
+    gone = time.monotonic()
+    wait_for(lambda: nothing_left(kubectl, namespace), 30, what="the orphaned delegates deleted")
+    print(f"orphaned delegates deleted {time.monotonic() - gone:.1f} s after their proxy pods")
 
 
 def test_pods_that_are_not_proxies_are_refused_by_virtual_nodes_once(guide, kubectl: Kubectl):

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import copy as _copy
 from collections.abc import Iterable
+from typing import Any
 
 import orjson
 
 from . import keys
 from .parents import is_copy_of as is_copy_of
-from .proxy import prefixed_key
+from .proxy import no_prefix_regexp, prefixed_key
+from .regexps import without_matching
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 TRUE = "true"
@@ -81,22 +83,37 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
-def user_selector(selector: dict[str, str]) -> dict[str, str]:
+def unprefixed_selector(selector: dict[str, str]) -> dict[str, str]:
     """The part of a selector that selects pods by their users' labels (keys outside our
-    prefix): what would select proxy pods, and what rerouting rewrites."""
+    prefix): what selects proxy pods, and what ``original-selector`` saves."""
     return {k: v for k, v in selector.items() if not k.startswith(keys.PREFIX)}
 
 
-def rerouted_selector(selector: dict[str, str]) -> dict[str, str]:
-    """Every key prefixed as on delegates (``app`` → ``multicluster.admiralty.io/app``).
+def no_prefix(service: dict) -> Any:
+    """The compiled ``no-prefix-label-regexp`` of a Service, or None; ValueError with the
+    reason when it is not a regular expression."""
+    return no_prefix_regexp(_annotations(service))
+
+
+def user_selector(selector: dict[str, str], unprefixed: Any = None) -> dict[str, str]:
+    """What rerouting rewrites: the keys outside our prefix but those whose ``key=value`` the
+    Service's ``no-prefix-label-regexp`` (compiled, ``unprefixed``) matches, which delegates
+    carry as they are."""
+    return without_matching(unprefixed_selector(selector), unprefixed)
+
+
+def rerouted_selector(selector: dict[str, str], unprefixed: Any = None) -> dict[str, str]:
+    """Every key prefixed as on delegates (``app`` → ``multicluster.admiralty.io/app``), but
+    those ``unprefixed`` matches, kept as they are.
 
     Keys already prefixed stay; a user key wins over a prefixed key that it rewrites to (a
     manifest re-applied with ``kubectl apply`` merges its selector into the rerouted one, and
     its values are the current ones). When two user keys rewrite to the same key, the one that
     sorts last wins, as on delegates.
     """
-    result = {k: v for k, v in selector.items() if k.startswith(keys.PREFIX)}
-    for key, value in sorted(user_selector(selector).items()):
+    rewritten = user_selector(selector, unprefixed)
+    result = {k: v for k, v in selector.items() if k not in rewritten}
+    for key, value in sorted(rewritten.items()):
         result[prefixed_key(key)] = value
     return result
 
@@ -108,23 +125,27 @@ def encode_selector(selector: dict[str, str]) -> str:
 
 def reroute_patch(service: dict, proxy_labels: Iterable[dict[str, str]]) -> dict | None:
     """The JSON merge patch that reroutes ``service`` to delegates, or None when it selects no
-    proxy pod (of those whose labels are given) or is rerouted already.
+    proxy pod (of those whose labels are given) or is rerouted already. ValueError when its
+    ``no-prefix-label-regexp`` is not a regular expression.
 
     The selector is replaced, not merged: keys that go are set to null. The patch is
     conditional on the resourceVersion it was computed from.
     """
     spec = service.get("spec") or {}
     selector = spec.get("selector") or {}
-    user = user_selector(selector)
-    if not user or not any(selects(user, labels or {}) for labels in proxy_labels):
+    unprefixed = no_prefix(service)
+    if not user_selector(selector, unprefixed):
+        return None  # rerouted already, or every key is kept as it is
+    original = unprefixed_selector(selector)
+    if not any(selects(original, labels or {}) for labels in proxy_labels):
         return None
-    rerouted = rerouted_selector(selector)
+    rerouted = rerouted_selector(selector, unprefixed)
     new_selector: dict[str, str | None] = {k: None for k in selector if k not in rerouted}
     new_selector.update({k: v for k, v in rerouted.items() if selector.get(k) != v})
     wanted = {
         keys.CILIUM_GLOBAL_SERVICE: TRUE,
         keys.GLOBAL: TRUE,
-        keys.ORIGINAL_SELECTOR: encode_selector(user),
+        keys.ORIGINAL_SELECTOR: encode_selector(original),
     }
     annotations = _annotations(service)
     meta = service["metadata"]

@@ -16,11 +16,12 @@ and any extra delegate found (after a crash, say) is deleted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from fractions import Fraction
 
 from multicluster import (
@@ -187,6 +188,9 @@ class Scheduler:
         self._creating: Counter[str] = Counter()
         # Pods waiting for one of those creates to end, by owner, first come first served.
         self._waiting: dict[str, dict[Request, None]] = {}
+        # Creates and bindings under way, by virtual node: a target that goes waits for them.
+        self._in_flight: Counter[str] = Counter()
+        self._landed = asyncio.Condition()
         self.proxies = proxy_informer(local)
         self.proxies.add_handler(self._track_spread)
         # Namespaces that opted in: only their proxy pods are placed.
@@ -207,6 +211,7 @@ class Scheduler:
         registry.on_connected(self._connected)
         registry.on_disconnected(self._disconnected)
         registry.on_changed(self._target_changed)
+        registry.on_removing(self._target_removing)
 
     # -- event wiring -------------------------------------------------------------------------
 
@@ -261,6 +266,36 @@ class Scheduler:
 
     def _target_changed(self, _connection: TargetConnection) -> None:
         self._retry_unschedulable()
+
+    @contextlib.asynccontextmanager
+    async def _flight(self, node: str) -> AsyncIterator[None]:
+        """Count a create or binding towards ``node`` while it is under way."""
+        self._in_flight[node] += 1
+        try:
+            yield
+        finally:
+            self._in_flight[node] -= 1
+            if not self._in_flight[node]:
+                del self._in_flight[node]
+                async with self._landed:
+                    self._landed.notify_all()
+
+    async def _target_removing(self, connection: TargetConnection) -> None:
+        """The target goes (it is out of the registry: nothing new is placed there): wait for
+        the delegates being created there and the proxy pods being bound to it, so that its
+        release finds every delegate that will ever be there; then let the pods placed there
+        and still unbound be placed again."""
+        node = connection.node_name
+        try:
+            async with asyncio.timeout(CREATE_TIMEOUT + 5.0), self._landed:
+                await self._landed.wait_for(lambda: not self._in_flight[node])
+        except TimeoutError:
+            log.warning("work on a removed target still under way node=%s", node)
+        for uid, placement in list(self.placements.items()):
+            if placement.node == node:
+                proxy = self.lookup.proxy(uid)
+                if proxy is not None:
+                    self.controller.queue.add(self._request(proxy))
 
     def _retry_unschedulable(self) -> None:
         """Try unschedulable pods again soon (once for a burst of changes)."""
@@ -519,7 +554,7 @@ class Scheduler:
         self.unschedulable.discard(request)
         self._creating[owner_key] += 1
         try:
-            async with asyncio.timeout(CREATE_TIMEOUT):
+            async with asyncio.timeout(CREATE_TIMEOUT), self._flight(connection.node_name):
                 if self.prepare is not None:
                     await self.prepare(connection, delegate)
                 await cluster.client.create(PODS, delegate, namespace)
@@ -561,9 +596,10 @@ class Scheduler:
             "target": {"apiVersion": "v1", "kind": "Node", "name": connection.node_name},
         }
         try:
-            await self.local.client.create(
-                PODS, binding, meta["namespace"], subresource="binding", name=meta["name"]
-            )
+            async with self._flight(connection.node_name):
+                await self.local.client.create(
+                    PODS, binding, meta["namespace"], subresource="binding", name=meta["name"]
+                )
         except (NotFound, Conflict) as e:  # gone, or bound meanwhile: the cache will tell
             log.info("proxy not bound namespace=%s name=%s: %s", meta["namespace"], meta["name"], e)
             return

@@ -62,11 +62,12 @@ from ..api.services import (
     is_copy_of,
     is_global,
     must_recreate,
+    no_prefix,
     reroute_patch,
     rerouted_selector,
     selects,
     service_reference,
-    user_selector,
+    unprefixed_selector,
 )
 from ..targets.delegates import enabled_namespaces, is_proxy
 from ..targets.registry import TargetConnection, TargetRegistry
@@ -171,7 +172,9 @@ class ServiceSync:
             self._request(namespace, service["metadata"]["name"])
             for service in self.services.list(namespace)
             if not is_copy(service)
-            and selects(user_selector((service.get("spec") or {}).get("selector") or {}), labels)
+            and selects(
+                unprefixed_selector((service.get("spec") or {}).get("selector") or {}), labels
+            )
         ]
 
     def _targets(self, namespace: str) -> list[TargetConnection]:
@@ -366,14 +369,24 @@ class ServiceSync:
     async def _reroute(self, service: dict) -> dict | None:
         meta = service["metadata"]
         proxies = [p for p in self.proxies.list(meta["namespace"]) if is_proxy(p)]
-        patch = reroute_patch(service, (p["metadata"].get("labels") or {} for p in proxies))
+        try:
+            patch = reroute_patch(service, (p["metadata"].get("labels") or {} for p in proxies))
+        except ValueError as e:
+            self.events.emit(
+                service_reference(service),
+                "Warning",
+                "InvalidNoPrefixLabelRegexp",
+                f"not rerouted: {e}",
+            )
+            return service
         if patch is None:
             return service
         before = (service.get("spec") or {}).get("selector") or {}
+        unprefixed = no_prefix(service)
         updated = await self._patch(service, patch)
         if updated is None:
             return None
-        after = rerouted_selector(before)
+        after = rerouted_selector(before, unprefixed)
         log.info(
             "service rerouted namespace=%s name=%s selector=%s rerouted=%s",
             meta["namespace"],
@@ -385,7 +398,7 @@ class ServiceSync:
             service_reference(updated),
             "Normal",
             "Rerouted",
-            f"selector {_show(user_selector(before))} selects proxy pods: rewritten to "
+            f"selector {_show(unprefixed_selector(before))} selects proxy pods: rewritten to "
             f"{_show(after)} to select their delegates, and the service made global",
         )
         return updated

@@ -170,6 +170,7 @@ class TargetRegistry:
     def __init__(self) -> None:
         self.connections: dict[str, TargetConnection] = {}
         self._added: list[Listener] = []
+        self._removing: list[Listener] = []
         self._removed: list[Listener] = []
         self._connected: list[Callback] = []
         self._disconnected: list[Callback] = []
@@ -182,6 +183,12 @@ class TargetRegistry:
 
     def on_added(self, listener: Listener) -> None:
         self._added.append(listener)
+
+    def on_removing(self, listener: Listener) -> None:
+        """Called first when a target goes, once it takes no new work: to wait for the work
+        on it in flight (a delegate being created there, a proxy pod being bound to it), so that
+        what ``on_removed`` listeners clean up is all there is."""
+        self._removing.append(listener)
 
     def on_removed(self, listener: Listener) -> None:
         self._removed.append(listener)
@@ -232,7 +239,7 @@ class TargetRegistry:
         try:
             connection = self.connections.pop(node_name, None)
             if connection is not None:
-                for listener in self._removed:
+                for listener in (*self._removing, *self._removed):
                     try:
                         await listener(connection)
                     except Exception:  # one listener's failure must not skip the others

@@ -34,10 +34,12 @@ from multicluster import (
 )
 from multicluster.events import EventRecorder
 from multicluster.gc import has_finalizer, remove_finalizer
+from multicluster.informer import DELETED
 from multicluster.resources import PODS
 
 from ..api import keys
 from ..api.proxy import (
+    DELEGATE_LABEL_SELECTOR,
     PROXY_FIELD_SELECTOR,
     PROXY_UID_INDEX,
     is_deleting,
@@ -92,6 +94,7 @@ class PodSync:
         )
         self.proxies.add_indexer(PROXY_UID_INDEX, proxy_uid_index)
         self.proxies.add_indexer(NODE_INDEX, _node_of)
+        self.proxies.add_handler(self._proxy_event)
         self._delegate_handlers: dict[str, tuple[Informer, object]] = {}
         self._foreign: dict[str, tuple[Informer, object]] = {}
         self._failovers: dict[str, asyncio.TimerHandle] = {}
@@ -134,6 +137,19 @@ class PodSync:
             self.proxies_controller.queue.add(
                 Request(self.local.name, meta["namespace"], meta["name"]), low_priority=True
             )
+
+    def _proxy_event(self, event: str, proxy: dict, _old: dict | None, _initial: bool) -> None:
+        """A proxy pod gone without its delegates (let go while its target went, say) leaves
+        them orphaned in whichever targets have them: they send no event of their own."""
+        if event != DELETED:
+            return
+        uid = proxy["metadata"]["uid"]
+        for connection in list(self.registry.connections.values()):
+            for delegate in connection.delegates_of(uid):
+                meta = delegate["metadata"]
+                self.orphans_controller.queue.add(
+                    Request(connection.node_name, meta["namespace"], meta["name"])
+                )
 
     def _disconnected(self, connection: TargetConnection) -> None:
         entry = self._delegate_handlers.pop(connection.node_name, None)
@@ -416,7 +432,7 @@ class PodSync:
         ``RELEASE_TIMEOUT``), and let go of the proxy pods bound to its node (finalizer
         removed, pod deleted) so owners replace them."""
         proxies = self.proxies.by_index(NODE_INDEX, connection.node_name)
-        delegates = [d for p in proxies for d in self.lookup.in_target(p, connection)]
+        delegates = await self._left_in(connection)
         limit = asyncio.Semaphore(RELEASE_CONCURRENCY)
 
         async def delete(delegate: dict) -> None:
@@ -441,6 +457,40 @@ class PodSync:
             )
         for proxy in proxies:
             await self._let_go(proxy)
+
+    async def _left_in(self, connection: TargetConnection) -> list[dict]:
+        """Our delegates in a target that goes, but those of proxy pods placed in another Target
+        of the same place. They are listed from its API server: the cache may not have seen the
+        last ones created (the scheduler has waited for its creates under way to end)."""
+        if connection.cluster is None:
+            return []
+        try:
+            async with asyncio.timeout(RELEASE_TIMEOUT):
+                pods, _ = await connection.cluster.client.list(
+                    PODS, connection.namespace, label_selector=DELEGATE_LABEL_SELECTOR
+                )
+        except (ApiError, TimeoutError) as e:
+            log.warning(
+                "delegates of a removed target not listed, using the cache target=%s error=%s",
+                connection.node_name,
+                e or "no answer",
+            )
+            pods = connection.delegates.list() if connection.delegates is not None else []
+        left = []
+        for pod in pods:
+            namespace = pod["metadata"].get("namespace") or ""
+            if (
+                is_deleting(pod)
+                or not connection.allows(namespace)
+                or not looks_like_delegate(pod, self.cluster_name)
+            ):
+                continue
+            proxy = self.lookup.proxy(parent_uid(pod))
+            home = self.lookup.home(proxy) if proxy is not None else None
+            if home is not None and home.same_place(connection, namespace):
+                continue  # seen through another Target of that cluster, where it stays
+            left.append(pod)
+        return left
 
     async def release_node(self, node: str) -> None:
         """The node of a target deleted while no agent led: its delegates cannot be found any

@@ -5,7 +5,6 @@ The Lease's own semantics are exercised against a real API server in e2e/runtime
 from __future__ import annotations
 
 import asyncio
-import json
 
 import orjson
 from aiohttp import web
@@ -13,21 +12,9 @@ from aiohttp.test_utils import TestServer
 
 from multicluster import Client, ClusterConfig
 from multicluster.leaderelection import LeaderElectionConfig, LeaderElector
+from tests.multicluster.test_hostile_server import kubeconfig
 
 PATH = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/lease"
-
-
-def kubeconfig(server: str) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": server}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "c",
-        }
-    )
 
 
 class Leases:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from merge_patch import merge_patch
 
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.proxy import prefixed_labels
+from multicluster_scheduler.api.regexps import compile_regexp
 from multicluster_scheduler.api.services import (
     finalizer_patch,
     reroute_patch,
@@ -136,3 +138,45 @@ def test_finalizer_and_its_label_come_and_go_together():
     assert removed["metadata"]["labels"] == {}
     assert finalizer_patch(removed, present=False) is None
     assert finalizer_patch(added, present=False)["metadata"]["resourceVersion"] == "8"
+
+
+def test_keys_matching_the_no_prefix_regexp_stay_as_they_are():
+    """As upstream's ``no-prefix-label-regexp`` on a Service: matching ``key=value`` entries
+    of the selector are not prefixed, as the pods' own regexp keeps them on delegates."""
+    queue = "kueue.x-k8s.io/queue-name"
+    svc = service(
+        {"app": "nginx", queue: "q1"}, **{keys.NO_PREFIX_LABEL_REGEXP: r"^kueue\.x-k8s\.io/"}
+    )
+    patch = reroute_patch(svc, [{"app": "nginx", queue: "q1"}])
+    assert patch is not None
+    assert patch["spec"]["selector"] == {"app": None, PREFIX + "app": "nginx"}
+    assert json.loads(patch["metadata"]["annotations"][keys.ORIGINAL_SELECTOR]) == {
+        "app": "nginx",
+        queue: "q1",
+    }
+    rerouted = applied(svc, patch)
+    assert rerouted["spec"]["selector"] == {PREFIX + "app": "nginx", queue: "q1"}
+    assert reroute_patch(rerouted, [{"app": "nginx", queue: "q1"}]) is None, "converged"
+
+
+def test_a_selector_kept_whole_by_the_no_prefix_regexp_is_not_rerouted():
+    svc = service({"app": "nginx"}, **{keys.NO_PREFIX_LABEL_REGEXP: "^app="})
+    assert reroute_patch(svc, [{"app": "nginx"}]) is None
+
+
+def test_an_invalid_no_prefix_regexp_is_refused_with_the_reason():
+    svc = service({"app": "nginx"}, **{keys.NO_PREFIX_LABEL_REGEXP: "(unclosed"})
+    with pytest.raises(ValueError, match="not a regular expression"):
+        reroute_patch(svc, [{"app": "nginx"}])
+
+
+@given(st.dictionaries(KEYS, VALUES, min_size=1, max_size=4), st.sampled_from(["^app", "a", "x"]))
+def test_delegates_labelled_with_the_same_regexp_are_selected(labels, pattern):
+    """A Service and its pods that carry the same regexp: the rerouted selector selects the
+    delegates' labels."""
+    svc = service(dict(labels), **{keys.NO_PREFIX_LABEL_REGEXP: pattern})
+    patch = reroute_patch(svc, [labels])
+    delegate = prefixed_labels(labels, compile_regexp(pattern))
+    selector = applied(svc, patch)["spec"]["selector"] if patch else labels
+    if len({k.rsplit("/", 1)[-1] for k in labels}) == len(labels):
+        assert selects(selector, delegate)
