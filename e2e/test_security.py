@@ -408,6 +408,14 @@ def test_an_exported_source_identity_is_refused_everything_outside_its_namespace
         ("GET", f"/api/v1/namespaces/{other}/configmaps", None, None, "list", "configmaps"),
         ("GET", f"/api/v1/namespaces/{other}/configmaps/settings", None, None, "get", "configmaps"),
         ("GET", f"/api/v1/namespaces/{other}/services", None, None, "list", "services"),
+        (
+            "GET",
+            f"/apis/networking.k8s.io/v1/namespaces/{other}/ingresses",
+            None,
+            None,
+            "list",
+            "ingresses",
+        ),
         ("GET", "/api/v1/secrets", None, None, "list", "secrets"),
         ("GET", "/api/v1/pods", None, None, "list", "pods"),
         ("GET", f"/api/v1/namespaces/{RELEASE_NAMESPACE}/secrets", None, None, "list", "secrets"),
@@ -587,6 +595,9 @@ def test_an_exported_source_identity_may_do_what_placing_delegates_needs(
         ("create", "secrets", "-n", ns),
         ("create", "configmaps", "-n", ns),
         ("create", "services", "-n", ns),
+        ("create", "ingresses.networking.k8s.io", "-n", ns),
+        ("delete", "ingresses.networking.k8s.io", "-n", ns),
+        ("watch", "ingresses.networking.k8s.io", "-n", ns),
     ):
         assert identity.can_i(*question) == "yes", question
 

@@ -344,3 +344,201 @@ def test_copies_left_in_a_target_out_of_reach_go_when_it_is_back_or_deleted(
         30,
         what="copies deleted with their Target",
     )
+
+
+# -- Ingresses follow global Services ------------------------------------------------------------
+
+INGRESSES = """apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web
+  labels:
+    app: nginx
+spec:
+  ingressClassName: made-up
+  rules:
+  - host: nginx.example.com
+    http:
+      paths:
+      - path: /
+        pathType: Prefix
+        backend:
+          service:
+            name: nginx
+            port:
+              number: 80
+  - host: nothing-routed.example.com
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: plain
+spec:
+  ingressClassName: made-up
+  rules:
+  - host: plain.example.com
+    http:
+      paths:
+      - path: /
+        pathType: Prefix
+        backend:
+          service:
+            name: plain
+            port:
+              number: 80
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: plain
+spec:
+  selector:
+    role: plain
+  ports:
+  - port: 80
+"""
+
+
+def ingress(kubectl: Kubectl, context: str, namespace: str, name: str) -> dict | None:
+    proc = kubectl.run(context, "get", "ingress", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def annotation(obj: dict | None, key: str) -> str | None:
+    return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(key)
+
+
+def test_an_ingress_follows_the_guides_service_into_cluster2(guide, kubectl: Kubectl):
+    namespace = guide
+    # The Ingresses first: the one naming nginx follows once the Service becomes global.
+    kubectl.apply(SOURCE, INGRESSES, "-n", namespace)
+    kubectl.apply(SOURCE, nginx(replicas=4), "-n", namespace)
+    wait_for(lambda: all_running(kubectl, namespace, 4), 90, what="4 proxy pods Running")
+    cluster1 = kubectl.json(SOURCE, "get", "namespace", "kube-system")["metadata"]["uid"]
+    kubectl(SOURCE, "expose", "deployment", "nginx", "-n", namespace)
+    exposed = time.monotonic()
+
+    copy = wait_for(
+        lambda: ingress(kubectl, TARGET, namespace, "web"), 30, what="the Ingress in cluster2"
+    )
+    copied_after = time.monotonic() - exposed
+    original = ingress(kubectl, SOURCE, namespace, "web")
+    meta = original["metadata"]
+    assert FINALIZER in meta["finalizers"]
+    assert meta["labels"][PREFIX + "has-finalizer"] == "true"
+    assert meta["annotations"][PREFIX + "global"] == "true"
+    copied = copy["metadata"]
+    assert copied["annotations"][PREFIX + "is-delegate"] == ""
+    assert copied["annotations"][PREFIX + "global"] == "true"
+    assert copied["annotations"][PREFIX + "parent-name"] == "web"
+    assert copied["annotations"][PREFIX + "parent-namespace"] == namespace
+    assert copied["annotations"][PREFIX + "parent-cluster-name"] == cluster1
+    assert copied["labels"] == {"app": "nginx", PREFIX + "parent-uid": meta["uid"]}
+    assert not copied.get("finalizers"), "cluster2's agent leaves copies alone"
+    assert copy["spec"] == original["spec"], "backends keep the Service's name"
+    assert service(kubectl, TARGET, namespace, "nginx"), "the Service it names is there too"
+
+    # An Ingress naming a Service that is not global never follows, and is left as it is.
+    time.sleep(3)
+    assert ingress(kubectl, TARGET, namespace, "plain") is None
+    plain = ingress(kubectl, SOURCE, namespace, "plain")["metadata"]
+    assert not plain.get("finalizers")
+    assert PREFIX + "global" not in (plain.get("annotations") or {})
+
+    # Annotations reach the copy, and go from it with the original's.
+    kubectl(SOURCE, "annotate", "ingress", "web", "-n", namespace, "foo=bar")
+    annotated = time.monotonic()
+    wait_for(
+        lambda: annotation(ingress(kubectl, TARGET, namespace, "web"), "foo") == "bar",
+        30,
+        what="foo=bar on the copy",
+    )
+    annotated_after = time.monotonic() - annotated
+    kubectl(SOURCE, "annotate", "ingress", "web", "-n", namespace, "foo-")
+    settled = wait_for(
+        lambda: (
+            (found := ingress(kubectl, TARGET, namespace, "web"))
+            and annotation(found, "foo") is None
+            and found
+        ),
+        30,
+        what="foo removed from the copy",
+    )
+    time.sleep(2)
+    now = ingress(kubectl, TARGET, namespace, "web")
+    assert now["metadata"]["resourceVersion"] == settled["metadata"]["resourceVersion"], "flaps"
+
+    # The Service no longer global: the copy goes, and so do the finalizer and the mark; global
+    # again: the Ingress follows again.
+    kubectl(
+        SOURCE,
+        "annotate",
+        "service",
+        "nginx",
+        "-n",
+        namespace,
+        PREFIX + "global=false",
+        "--overwrite",
+    )
+
+    def released() -> bool:
+        meta = ingress(kubectl, SOURCE, namespace, "web")["metadata"]
+        return (
+            not meta.get("finalizers")
+            and PREFIX + "has-finalizer" not in (meta.get("labels") or {})
+            and PREFIX + "global" not in (meta.get("annotations") or {})
+        )
+
+    wait_for(lambda: ingress(kubectl, TARGET, namespace, "web") is None, 30, what="copy deleted")
+    wait_for(released, 30, what="finalizer, label and mark removed")
+    kubectl(
+        SOURCE,
+        "annotate",
+        "service",
+        "nginx",
+        "-n",
+        namespace,
+        PREFIX + "global=true",
+        "--overwrite",
+    )
+    wait_for(lambda: ingress(kubectl, TARGET, namespace, "web"), 30, what="copied again")
+
+    # Deleting the Ingress deletes its copy, then our finalizer lets it go.
+    kubectl(SOURCE, "delete", "ingress", "web", "-n", namespace, "--wait=false")
+    deleted = time.monotonic()
+    wait_for(lambda: ingress(kubectl, TARGET, namespace, "web") is None, 30, what="copy deleted")
+    wait_for(lambda: ingress(kubectl, SOURCE, namespace, "web") is None, 30, what="ingress gone")
+    print(
+        f"\ningress copied {copied_after:.1f}s after kubectl expose, annotation on the copy in "
+        f"{annotated_after:.1f}s, deleted everywhere in {time.monotonic() - deleted:.1f}s"
+    )
+
+
+def test_an_ingress_of_a_namespace_no_target_serves_is_not_copied(
+    guide, testbed: TestBed, kubectl: Kubectl
+):
+    """c2 is a Target of ``guide``'s namespace: an enabled namespace next to it, with a global
+    Service and an Ingress naming it, reaches nothing in cluster2."""
+    other = f"{guide}x"
+    for context in testbed.clusters:
+        kubectl(context, "create", "namespace", other)
+    try:
+        kubectl(SOURCE, "label", "namespace", other, "multicluster-scheduler=enabled")
+        kubectl.apply(SOURCE, USER_SERVICES.split("---")[0], "-n", other)
+        kubectl.apply(
+            SOURCE, INGRESSES.split("---")[0].replace("name: nginx\n", "name: db\n"), "-n", other
+        )
+        wait_for(
+            lambda: (
+                FINALIZER
+                in ingress(kubectl, SOURCE, other, "web")["metadata"].get("finalizers", ())
+            ),
+            30,
+            what="the Ingress looked at (it follows the global Service db)",
+        )
+        time.sleep(2)
+        assert kubectl.json(TARGET, "get", "ingresses,services", "-n", other)["items"] == []
+        kubectl(SOURCE, "delete", "ingresses,services", "--all", "-n", other, "--timeout=30s")
+    finally:
+        for context in testbed.clusters:
+            kubectl(context, "delete", "namespace", other, "--wait=false")

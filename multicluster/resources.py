@@ -46,6 +46,7 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
 REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
 JOBS = Resource("batch", "v1", "jobs", "Job")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+INGRESSES = Resource("networking.k8s.io", "v1", "ingresses", "Ingress")
 CERTIFICATE_SIGNING_REQUESTS = Resource(
     "certificates.k8s.io", "v1", "certificatesigningrequests", "CertificateSigningRequest", False
 )

@@ -38,6 +38,7 @@ from multicluster.resources import NAMESPACES
 from .follow.controller import Follow
 from .scheduler.controller import Scheduler, proxy_informer
 from .services.controller import ServiceSync
+from .services.ingresses import IngressSync
 from .sources.controller import finalizer_cleanup_controller, sources_controller
 from .summary.controller import summary_controller
 from .targets.controller import targets_controller
@@ -404,6 +405,10 @@ async def run(settings: AgentSettings) -> None:
         cluster, registry, cluster_name=cluster_name, excluded_namespaces=(settings.namespace,)
     )
     manager.add_controller(services.controller)
+    ingresses = IngressSync(
+        cluster, registry, cluster_name=cluster_name, excluded_namespaces=(settings.namespace,)
+    )
+    manager.add_controller(ingresses.controller)
     virtual_kubelet = VirtualKubelet(
         cluster.client,
         registry,

@@ -19,19 +19,22 @@ from typing import Any
 import orjson
 
 from . import keys
-from .parents import is_copy_of as is_copy_of
+from .copies import (
+    LAST_APPLIED,
+    MANAGED_KEYS,
+    TRUE,
+    Managed,
+    annotations_of,
+    copy_metadata,
+    differs,
+    managed_record,
+    metadata_differs,
+    update_body,
+)
 from .proxy import no_prefix_regexp, prefixed_key
 from .regexps import without_matching
 
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-TRUE = "true"
 HEADLESS = "None"
-# On each copy: which of its labels, annotations and spec fields are ours, as compact JSON
-# ``{"annotations": [...], "labels": [...], "spec": [...]}`` (keys sorted; the annotation does
-# not list itself). Everything else on a copy was added in the target (by MetalLB, a cloud's
-# controllers, a webhook, the API server's defaults...): never compared, kept on update. A key
-# listed there that the original no longer has is removed from the copy.
-MANAGED_KEYS = keys.PREFIX + "managed-keys"
 # Annotations that a cluster's own controllers write about the Service in that cluster: the
 # original's are not copied (the target's controllers write their own on the copy).
 LOCAL_ANNOTATIONS = frozenset(
@@ -52,6 +55,7 @@ SOURCE_ADDRESS_FIELDS = ("externalIPs", "loadBalancerIP")
 # Copied when a copy is created, then the target's (its controllers or webhooks may set them):
 # never compared, and kept on update.
 TARGET_KEPT_FIELDS = ("internalTrafficPolicy",)
+_TARGET_KEPT = frozenset(TARGET_KEPT_FIELDS)
 NODE_PORT_TYPES = ("NodePort", "LoadBalancer")
 
 
@@ -60,17 +64,8 @@ def service_reference(service: dict) -> dict:
     return {"apiVersion": "v1", "kind": "Service", "metadata": service["metadata"]}
 
 
-def _annotations(obj: dict) -> dict[str, str]:
-    return obj["metadata"].get("annotations") or {}
-
-
-def is_copy(service: dict) -> bool:
-    """A copy made by some source cluster: never rerouted, made global or copied again."""
-    return keys.IS_DELEGATE in _annotations(service)
-
-
 def is_global(service: dict) -> bool:
-    return _annotations(service).get(keys.GLOBAL) == TRUE
+    return annotations_of(service).get(keys.GLOBAL) == TRUE
 
 
 def is_headless(spec: dict) -> bool:
@@ -92,7 +87,7 @@ def unprefixed_selector(selector: dict[str, str]) -> dict[str, str]:
 def no_prefix(service: dict) -> Any:
     """The compiled ``no-prefix-label-regexp`` of a Service, or None; ValueError with the
     reason when it is not a regular expression."""
-    return no_prefix_regexp(_annotations(service))
+    return no_prefix_regexp(annotations_of(service))
 
 
 def user_selector(selector: dict[str, str], unprefixed: Any = None) -> dict[str, str]:
@@ -147,7 +142,7 @@ def reroute_patch(service: dict, proxy_labels: Iterable[dict[str, str]]) -> dict
         keys.GLOBAL: TRUE,
         keys.ORIGINAL_SELECTOR: encode_selector(original),
     }
-    annotations = _annotations(service)
+    annotations = annotations_of(service)
     meta = service["metadata"]
     return {
         "metadata": {
@@ -156,29 +151,6 @@ def reroute_patch(service: dict, proxy_labels: Iterable[dict[str, str]]) -> dict
         },
         "spec": {"selector": new_selector},
     }
-
-
-def finalizer_patch(service: dict, *, present: bool) -> dict | None:
-    """The merge patch that adds (``present``) or removes our finalizer and the
-    ``has-finalizer`` label next to it; None when nothing is to change."""
-    meta = service["metadata"]
-    finalizers = list(meta.get("finalizers") or ())
-    labels = meta.get("labels") or {}
-    patch: dict = {}
-    if present:
-        if keys.FINALIZER not in finalizers:
-            patch["finalizers"] = [*finalizers, keys.FINALIZER]
-        if labels.get(keys.HAS_FINALIZER) != TRUE:
-            patch["labels"] = {keys.HAS_FINALIZER: TRUE}
-    else:
-        if keys.FINALIZER in finalizers:
-            patch["finalizers"] = [f for f in finalizers if f != keys.FINALIZER]
-        if keys.HAS_FINALIZER in labels:
-            patch["labels"] = {keys.HAS_FINALIZER: None}
-    if not patch:
-        return None
-    patch["resourceVersion"] = meta["resourceVersion"]
-    return {"metadata": patch}
 
 
 def portable_spec(spec: dict) -> dict:
@@ -203,20 +175,11 @@ def desired_copy(service: dict, cluster_name: str) -> dict:
     cluster's own, :data:`LOCAL_ANNOTATIONS`) plus parent references, ``parent-uid``,
     ``is-delegate`` and :data:`MANAGED_KEYS`, which lists all of these keys."""
     meta = service["metadata"]
-    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != keys.HAS_FINALIZER}
-    labels[keys.PARENT_UID] = meta["uid"]
-    annotations = {k: v for k, v in _annotations(service).items() if k not in LOCAL_ANNOTATIONS}
-    annotations[keys.IS_DELEGATE] = ""
-    annotations[keys.PARENT_NAME] = meta["name"]
-    annotations[keys.PARENT_NAMESPACE] = meta["namespace"]
-    annotations[keys.PARENT_CLUSTER_NAME] = cluster_name
+    labels, annotations = copy_metadata(service, cluster_name, local_annotations=LOCAL_ANNOTATIONS)
     spec = portable_spec(service.get("spec") or {})
-    managed = {
-        "annotations": sorted(annotations),
-        "labels": sorted(labels),
-        "spec": sorted(f for f in spec if f not in TARGET_KEPT_FIELDS),
-    }
-    annotations[MANAGED_KEYS] = orjson.dumps(managed, option=orjson.OPT_SORT_KEYS).decode()
+    annotations[MANAGED_KEYS] = managed_record(
+        labels, annotations, (f for f in spec if f not in _TARGET_KEPT)
+    )
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -230,50 +193,19 @@ def desired_copy(service: dict, cluster_name: str) -> dict:
     }
 
 
-class Managed:
-    """What a copy in a target says is ours (:data:`MANAGED_KEYS`): keys of its labels and
-    annotations, and fields of its spec."""
-
-    def __init__(self, existing: dict) -> None:
-        meta = existing["metadata"]
-        labels, annotations = meta.get("labels") or {}, _annotations(existing)
-        try:
-            recorded = orjson.loads(annotations[MANAGED_KEYS])
-            self.labels = frozenset(recorded["labels"])
-            self.annotations = frozenset(recorded["annotations"]) - LOCAL_ANNOTATIONS
-            self.spec = frozenset(recorded["spec"])
-        except (KeyError, TypeError, ValueError):
-            # A copy made before MANAGED_KEYS existed (or whose record was mangled): all of
-            # it is taken as ours, once; the update that follows records what is.
-            self.labels = frozenset(labels)
-            self.annotations = frozenset(annotations) - LOCAL_ANNOTATIONS
-            self.spec = frozenset(existing.get("spec") or ()) - frozenset(TARGET_KEPT_FIELDS)
-
-
-def _differs(want: dict, have: dict, ours: frozenset[str]) -> bool:
-    """Whether ``have`` lacks a key-value of ``want``, or still has a key of ours that ``want``
-    dropped. Other keys of ``have`` are someone else's."""
-    if any(have.get(k) != v for k, v in want.items()):
-        return True
-    return any(k in have and k not in want for k in ours)
-
-
-def _theirs(have: dict, ours: frozenset[str]) -> dict:
-    return {k: v for k, v in have.items() if k not in ours}
+def _managed(existing: dict) -> Managed:
+    return Managed(existing, local_annotations=LOCAL_ANNOTATIONS, target_kept=_TARGET_KEPT)
 
 
 def copy_differs(desired: dict, existing: dict) -> bool:
     """Whether the copy in a target (``existing``) must be written to become ``desired``: only
-    what is ours is compared (:class:`Managed`); what the target's controllers, webhooks and
-    defaults add or assign never makes a copy out of date."""
-    ours = Managed(existing)
-    meta, old_meta = desired["metadata"], existing["metadata"]
-    if _differs(meta["labels"], old_meta.get("labels") or {}, ours.labels):
+    what is ours is compared (:class:`~.copies.Managed`); what the target's controllers,
+    webhooks and defaults add or assign never makes a copy out of date."""
+    ours = _managed(existing)
+    if metadata_differs(desired, existing, ours):
         return True
-    if _differs(meta["annotations"], _annotations(existing), ours.annotations):
-        return True
-    want = {k: v for k, v in desired["spec"].items() if k not in TARGET_KEPT_FIELDS}
-    return _differs(want, portable_spec(existing.get("spec") or {}), ours.spec)
+    want = {k: v for k, v in desired["spec"].items() if k not in _TARGET_KEPT}
+    return differs(want, portable_spec(existing.get("spec") or {}), ours.spec)
 
 
 def must_recreate(desired: dict, existing: dict) -> bool:
@@ -288,24 +220,8 @@ def copy_update(desired: dict, existing: dict) -> dict:
     labels, annotations, finalizers and owners, spec fields that are not ours, what the target
     assigned (cluster IPs, IP families, node ports by port name, health-check node port),
     :data:`TARGET_KEPT_FIELDS` and the status."""
-    body = _copy.deepcopy(desired)
-    ours = Managed(existing)
-    meta, old_meta = body["metadata"], existing["metadata"]
-    meta["resourceVersion"] = old_meta["resourceVersion"]
-    for field in ("finalizers", "ownerReferences"):
-        if old_meta.get(field):
-            meta[field] = old_meta[field]
-    meta["labels"] = {**_theirs(old_meta.get("labels") or {}, ours.labels), **meta["labels"]}
-    meta["annotations"] = {
-        **_theirs(_annotations(existing), ours.annotations),
-        **meta["annotations"],
-    }
-    if "status" in existing:
-        body["status"] = _copy.deepcopy(existing["status"])  # the API server keeps it anyway
+    body = update_body(desired, existing, _managed(existing), never_kept=ASSIGNED_FIELDS)
     spec, old = body["spec"], existing.get("spec") or {}
-    for field, value in old.items():
-        if field not in ours.spec and field not in spec and field not in ASSIGNED_FIELDS:
-            spec[field] = _copy.deepcopy(value)  # a target's default, controller or webhook
     external = "ExternalName"
     for field in TARGET_KEPT_FIELDS:
         if field in old and spec.get("type") != external:

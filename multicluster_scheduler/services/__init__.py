@@ -1,2 +1,2 @@
-"""Services that select proxy pods are rerouted to delegates; global services are copied to
-targets."""
+"""Services that select proxy pods are rerouted to delegates; global Services, and the Ingresses
+that route to them, are copied to targets."""

@@ -10,14 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from multicluster_scheduler.api import keys
+from multicluster_scheduler.api.copies import LAST_APPLIED, MANAGED_KEYS, is_copy
+from multicluster_scheduler.api.parents import is_copy_of
 from multicluster_scheduler.api.services import (
-    LAST_APPLIED,
-    MANAGED_KEYS,
     copy_differs,
     copy_update,
     desired_copy,
-    is_copy,
-    is_copy_of,
     is_global,
     must_recreate,
     portable_spec,

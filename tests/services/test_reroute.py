@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from merge_patch import merge_patch
 
 from multicluster_scheduler.api import keys
+from multicluster_scheduler.api.copies import finalizer_patch
 from multicluster_scheduler.api.proxy import prefixed_labels
 from multicluster_scheduler.api.regexps import compile_regexp
 from multicluster_scheduler.api.services import (
-    finalizer_patch,
     reroute_patch,
     rerouted_selector,
     selects,

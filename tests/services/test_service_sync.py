@@ -16,13 +16,9 @@ from multicluster.resources import EVENTS, PODS, SERVICES
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.proxy import PROXY_FIELD_SELECTOR
 from multicluster_scheduler.scheduler.controller import proxy_informer
-from multicluster_scheduler.services import controller
-from multicluster_scheduler.services.controller import (
-    LOOK_AGAIN,
-    RECHECK,
-    RETRY_CONFLICT,
-    ServiceSync,
-)
+from multicluster_scheduler.services import copies as copies_module
+from multicluster_scheduler.services.controller import ServiceSync
+from multicluster_scheduler.services.copies import LOOK_AGAIN, RECHECK, RETRY_CONFLICT
 from multicluster_scheduler.targets.delegates import DelegateLookup
 from multicluster_scheduler.targets.registry import TargetConnection, TargetRegistry
 from multicluster_scheduler.virtual_kubelet.pods import PodSync
@@ -170,7 +166,7 @@ class World:
         self.registry = TargetRegistry()
         self.sync = ServiceSync(self.local, self.registry, cluster_name=CLUSTER)
         self.events = Events()
-        self.sync.events = self.events  # type: ignore[assignment]
+        self.sync.events = self.sync.copies.events = self.events  # type: ignore[assignment]
         self.api.mirrors.append((self.sync.services, lambda _o: True))
         synced(self.sync.services)
         synced(self.sync.proxies)
@@ -191,9 +187,9 @@ class World:
             kind="Target", name=name, namespace=NS, cluster=target, ready=True
         )
         self.registry.connections[connection.node_name] = connection
-        self.sync._connected(connection)
+        self.registry.connected(connection)
         if api is not None:
-            copies = self.sync.copies[connection.node_name]
+            copies = self.sync.copies.informers[connection.node_name]
             api.mirrors.append(
                 (copies, lambda o: keys.PARENT_UID in (o["metadata"].get("labels") or {}))
             )
@@ -216,7 +212,7 @@ async def world():
     made = World()
     made.connect("c2")
     yield made
-    for task in made.sync._watching.values():
+    for task in made.sync.copies._watching.values():
         task.cancel()
 
 
@@ -396,7 +392,7 @@ async def test_one_broken_target_does_not_hold_back_the_others(world: World):
 
 async def test_unknown_targets_are_retried_but_never_hold_a_finalizer(world: World):
     unknown = world.connect("c4")
-    world.sync.copies[unknown.node_name]._synced.clear()
+    world.sync.copies.informers[unknown.node_name]._synced.clear()
     world.api.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
     assert (await world.reconcile("db")).requeue_after == RECHECK
     assert world.targets["c4"].writes == []
@@ -531,8 +527,8 @@ async def until(check: Callable[[], bool], timeout: float = 2.0) -> None:
 
 async def test_copies_are_looked_at_again_periodically(monkeypatch):
     """Even with no event and no change of readiness, an orphaned copy is found."""
-    monkeypatch.setattr(controller, "HEALTH_PERIOD", 0.01)
-    monkeypatch.setattr(controller, "RESYNC_PERIOD", 0.05)
+    monkeypatch.setattr(copies_module, "HEALTH_PERIOD", 0.01)
+    monkeypatch.setattr(copies_module, "RESYNC_PERIOD", 0.05)
     made = World()
     try:
         made.connect("c2")
@@ -545,16 +541,16 @@ async def test_copies_are_looked_at_again_periodically(monkeypatch):
         await made.reconcile("old")
         assert (NS, "old") not in made.targets["c2"].objects
     finally:
-        for task in made.sync._watching.values():
+        for task in made.sync.copies._watching.values():
             task.cancel()
 
 
 async def test_copies_are_looked_at_again_when_their_informer_recovers(monkeypatch):
-    monkeypatch.setattr(controller, "HEALTH_PERIOD", 0.01)
+    monkeypatch.setattr(copies_module, "HEALTH_PERIOD", 0.01)
     made = World()
     try:
         c2 = made.connect("c2")
-        copies = made.sync.copies[c2.node_name]
+        copies = made.sync.copies.informers[c2.node_name]
         await asyncio.sleep(0.02)
         copies.last_error = ConnectionError("watch broken")
         made.targets["c2"].add(orphan())
@@ -565,25 +561,25 @@ async def test_copies_are_looked_at_again_when_their_informer_recovers(monkeypat
         await until(lambda: bool(queued.update(drain(made)) or queued))
         assert queued == {"old"}
     finally:
-        for task in made.sync._watching.values():
+        for task in made.sync.copies._watching.values():
             task.cancel()
 
 
 async def test_resyncs_stop_when_the_target_goes(world: World):
     c3 = world.connect("c3")
-    task = world.sync._watching[c3.node_name]
-    world.sync._disconnected(c3)
+    task = world.sync.copies._watching[c3.node_name]
+    world.registry.disconnected(c3)
     await asyncio.sleep(0)
     assert task.done()
-    assert c3.node_name not in world.sync._watching
+    assert c3.node_name not in world.sync.copies._watching
 
 
 async def test_warnings_go_with_the_original(world: World):
     world.targets["c2"].add(service("db", {"app": "theirs"}))
     world.api.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
     assert (await world.reconcile("db")).requeue_after == RETRY_CONFLICT
-    assert world.sync._warned
+    assert world.sync.copies._warned
     await world.api.delete(SERVICES, "db", NS)
     assert await world.reconcile("db") is None
     assert world.original("db") is None
-    assert world.sync._warned == {}, "nothing kept for an original that is gone"
+    assert world.sync.copies._warned == {}, "nothing kept for an original that is gone"

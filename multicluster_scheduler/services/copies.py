@@ -1,0 +1,475 @@
+"""Copies of this cluster's objects in its targets, for the services and ingresses controllers.
+
+A global Service, and an Ingress that routes to one, are copied to each connected target that
+serves their namespace, self targets excepted (the original is there already). What differs
+between the two kinds is pure (:class:`CopyKind`: the copy to keep, whether a copy is out of
+date, how it is updated); how copies are kept is the same, and lives here once:
+
+- Copies are kept equal to their original and recreated if deleted; an object of the same name
+  that is not our copy is never overwritten (a Warning event on the original says so).
+- The original carries our finalizer while it is copied: when it is deleted, or is no longer
+  to be copied, its copies are deleted from every target that can be reached, then the
+  finalizer is removed.
+- A copy left meanwhile in a target that could not be reached is deleted when that target is
+  seen again, since each target's copies are cached and reconciled against their originals:
+  when the target's informer has synced, when the target becomes ready again, when that
+  informer recovers from an error, and every five minutes anyway (from the caches, no API call
+  unless a copy is out of date), so that no copy is orphaned because an event was missed or a
+  requeue was lost.
+- One reconcile handles one original in all targets at once, each target within its own time
+  limit, so a slow or broken target never holds back the others.
+
+The controller that owns the originals decides whether one is to be copied now, and calls
+:meth:`TargetCopies.reconcile`; events of copies in targets enqueue their original there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from multicluster import (
+    AlreadyExists,
+    ApiError,
+    Cluster,
+    Conflict,
+    Informer,
+    Invalid,
+    NotFound,
+    Request,
+    Resource,
+    Result,
+    Unreachable,
+    WorkQueue,
+    is_deleting,
+)
+from multicluster.events import EventRecorder
+from multicluster.informer import strip_managed_fields
+
+from ..api import keys
+from ..api.copies import finalizer_patch
+from ..api.parents import is_copy_of, is_ours
+from ..targets.registry import TargetConnection, TargetRegistry
+
+log = logging.getLogger(__name__)
+TARGET_TIMEOUT = 10.0  # one target's share of a reconcile
+REMOVAL_TIMEOUT = 10.0  # deleting copies from a Target being deleted
+RECHECK = 10.0  # a target that cannot be read now
+RETRY_CONFLICT = 60.0  # an object of the same name, not ours, may be deleted by its owner
+LOOK_AGAIN = 1.0
+RESYNC_PERIOD = 300.0  # every copy in a target is looked at again (from the caches)
+HEALTH_PERIOD = 10.0  # how often a target's copies informer is checked for a recovery
+
+
+def _never(_desired: dict, _existing: dict) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class CopyKind:
+    """The pure rules of one kind of copies."""
+
+    resource: Resource
+    noun: str  # in logs and messages: "service", "ingress"
+    reference: Callable[[dict], dict]  # a cached original as events need it (lists omit kind)
+    desired: Callable[[dict, str], dict]  # (original, this cluster's name) → the copy to keep
+    differs: Callable[[dict, dict], bool]  # (desired, copy) → whether the copy is out of date
+    update: Callable[[dict, dict], dict]  # (desired, copy) → the body of its update
+    must_recreate: Callable[[dict, dict], bool] = _never  # what cannot change in place
+    # Annotations the original carries, with the finalizer, while it is copied.
+    marks: Mapping[str, str] = field(default_factory=dict)
+
+
+class Copy(enum.Enum):
+    """What one target holds of one original, after a reconcile did its part there."""
+
+    CURRENT = "current"  # an up-to-date copy (possibly just written)
+    ABSENT = "absent"  # no copy of ours (possibly just deleted)
+    PENDING = "pending"  # a copy is going away or changed meanwhile: look again soon
+    UNKNOWN = "unknown"  # the target cannot be read or reached now
+    CONFLICT = "conflict"  # an object of that name there is not ours
+    FAILED = "failed"  # the target answered with an error
+
+
+class TargetCopies:
+    """Copies of one kind of object of ``local`` in every target of ``registry``.
+
+    ``originals`` caches the objects copied; ``to_copy`` says whether a cached one is to be
+    copied now (resyncs enqueue those, and those whose copies exist). Requests go to ``queue``,
+    whose reconciler calls :meth:`reconcile`.
+    """
+
+    def __init__(
+        self,
+        kind: CopyKind,
+        local: Cluster,
+        registry: TargetRegistry,
+        queue: WorkQueue[Request],
+        *,
+        cluster_name: str,
+        originals: Informer,
+        to_copy: Callable[[dict], bool],
+        events: EventRecorder,
+    ) -> None:
+        self.kind = kind
+        self.local = local
+        self.registry = registry
+        self.queue = queue
+        self.cluster_name = cluster_name
+        self.originals = originals
+        self.to_copy = to_copy
+        self.events = events
+        self.informers: dict[str, Informer] = {}  # copies in each target, by virtual node name
+        self._handlers: dict[str, tuple[Informer, object]] = {}
+        self._watching: dict[str, asyncio.Task] = {}  # by node: resyncs of its copies
+        self._ready: dict[str, bool] = {}
+        # Warnings said, until the situation changes: (ns, name) → node → reason.
+        self._warned: dict[tuple[str, str], dict[str, str]] = {}
+        registry.on_connected(self._connected)
+        registry.on_disconnected(self._disconnected)
+        registry.on_changed(self._changed)
+        registry.on_removed(self._removed)
+
+    def _request(self, namespace: str, name: str) -> Request:
+        return Request(self.local.name, namespace, name)
+
+    def _targets(self, namespace: str) -> list[TargetConnection]:
+        """Connected targets that may hold copies of objects of ``namespace``."""
+        return [
+            c
+            for c in self.registry.connections.values()
+            if c.cluster is not None and c.cluster is not self.local and c.allows(namespace)
+        ]
+
+    # -- targets come and go ------------------------------------------------------------------
+
+    def _connected(self, connection: TargetConnection) -> None:
+        cluster = connection.cluster
+        if cluster is None or cluster is self.local:
+            return
+        node = connection.node_name
+        copies = cluster.informer(
+            self.kind.resource,
+            connection.namespace,
+            label_selector=keys.PARENT_UID,
+            transform=strip_managed_fields,
+        )
+        queue = self.queue
+
+        def on_copy(_event: str, copy: dict, _old: dict | None, initial: bool) -> None:
+            meta = copy["metadata"]
+            if is_ours(copy, self.cluster_name):
+                queue.add(self._request(meta["namespace"], meta["name"]), low_priority=initial)
+
+        copies.add_handler(on_copy)
+        self.informers[node] = copies
+        self._handlers[node] = (copies, on_copy)
+        self._watching[node] = asyncio.get_running_loop().create_task(
+            self._watch_copies(connection, copies), name=f"{self.kind.noun}-copies-{node}"
+        )
+
+    async def _watch_copies(self, connection: TargetConnection, copies: Informer) -> None:
+        """While ``connection`` is connected: resync once its copies are cached, whenever its
+        informer recovers from an error (a relist or a resumed watch says nothing of copies
+        that did not change, and a reconcile may have given up on them meanwhile), and every
+        :data:`RESYNC_PERIOD` anyway. All from the caches."""
+        node = connection.node_name
+        await copies.wait_synced()
+        if self.informers.get(node) is not copies:
+            return
+        self._resync(connection)
+        loop = asyncio.get_running_loop()
+        last, healthy = loop.time(), copies.healthy
+        while True:
+            await asyncio.sleep(HEALTH_PERIOD)
+            if self.informers.get(node) is not copies:
+                return
+            was_healthy, healthy = healthy, copies.healthy
+            try:
+                if healthy and not was_healthy:
+                    log.info(
+                        "%s copies informer recovered, resyncing target=%s", self.kind.noun, node
+                    )
+                    self._resync(connection)
+                    last = loop.time()
+                elif loop.time() - last >= RESYNC_PERIOD:
+                    self._resync_copies(copies)
+                    last = loop.time()
+            except Exception:
+                log.exception("resync of %s copies failed target=%s", self.kind.noun, node)
+
+    def _resync_copies(self, copies: Informer | None) -> None:
+        """Reconcile the original of every copy of ours in a target's cache (gone or not)."""
+        for copy in copies.list() if copies is not None else ():
+            meta = copy["metadata"]
+            if is_ours(copy, self.cluster_name):
+                self.queue.add(self._request(meta["namespace"], meta["name"]), low_priority=True)
+
+    def _resync(self, connection: TargetConnection) -> None:
+        """Reconcile every original that has, or should have, a copy in this target."""
+        self._resync_copies(self.informers.get(connection.node_name))
+        for original in self.originals.list():
+            meta = original["metadata"]
+            if connection.allows(meta["namespace"]) and self.to_copy(original):
+                self.queue.add(self._request(meta["namespace"], meta["name"]), low_priority=True)
+
+    def _changed(self, connection: TargetConnection) -> None:
+        """A target that becomes ready again may hold copies whose original went away."""
+        node = connection.node_name
+        was_ready = self._ready.get(node, False)
+        self._ready[node] = connection.ready
+        if connection.ready and not was_ready and node in self.informers:
+            self._resync(connection)
+
+    def _disconnected(self, connection: TargetConnection) -> None:
+        node = connection.node_name
+        entry = self._handlers.pop(node, None)
+        if entry is not None:
+            entry[0].remove_handler(entry[1])
+        self.informers.pop(node, None)
+        self._ready.pop(node, None)
+        task = self._watching.pop(node, None)
+        if task is not None:
+            task.cancel()
+        for key in list(self._warned):
+            self._forget_warning(key[0], key[1], node)
+
+    async def _removed(self, connection: TargetConnection) -> None:
+        """A Target is deleted: our copies there go too, if it can be reached."""
+        copies = self.informers.get(connection.node_name)
+        if copies is None or connection.cluster is None:
+            return
+        ours = [c for c in copies.list() if is_ours(c, self.cluster_name)]
+        if not ours:
+            return
+        try:
+            async with asyncio.timeout(REMOVAL_TIMEOUT):
+                results = await asyncio.gather(
+                    *(self._delete(connection, c) for c in ours), return_exceptions=True
+                )
+        except TimeoutError:
+            results = [TimeoutError("timed out")]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            log.warning(
+                "%s copies not all deleted with their target target=%s error=%s",
+                self.kind.noun,
+                connection.node_name,
+                errors[0],
+            )
+
+    # -- reconcile ----------------------------------------------------------------------------
+
+    async def reconcile(
+        self, namespace: str, name: str, obj: dict | None, wanted: bool
+    ) -> Result | None:
+        """Make every target's copy of ``namespace/name`` match ``obj``, the object of this
+        cluster (None: gone), if it is ``wanted`` (to be copied now, and not being deleted);
+        otherwise delete the copies, then release ``obj``. Raises Conflict when ``obj`` changed
+        since it was cached (its event brings it back)."""
+        original = None  # the object to copy, if it is to be copied
+        if obj is not None and wanted and not is_deleting(obj):
+            patch = finalizer_patch(obj, present=True, marks=self.kind.marks)
+            original = await self.patch(obj, patch)
+            if original is None:
+                return None  # deleted meanwhile: its event brings it back
+        outcomes = await asyncio.gather(
+            *(self._sync(c, namespace, name, original) for c in self._targets(namespace))
+        )
+        if Copy.FAILED in outcomes:
+            return Result(requeue=True)  # backs off; each failure is logged already
+        delays = []
+        if Copy.PENDING in outcomes:
+            delays.append(LOOK_AGAIN)
+        if Copy.UNKNOWN in outcomes:
+            delays.append(RECHECK)
+        if Copy.CONFLICT in outcomes:
+            delays.append(RETRY_CONFLICT)
+        if original is None:
+            self._warned.pop((namespace, name), None)  # nothing to copy: nothing to warn about
+        if original is None and obj is not None and Copy.PENDING not in outcomes:
+            # Copies in targets not reachable now are deleted when they are seen again.
+            await self.patch(obj, finalizer_patch(obj, present=False, marks=self.kind.marks))
+        return Result(requeue_after=min(delays)) if delays else None
+
+    async def patch(self, obj: dict, patch: dict | None) -> dict | None:
+        """Apply a merge patch to an object of this cluster; the object as it is now, None if
+        gone."""
+        if patch is None:
+            return obj
+        meta = obj["metadata"]
+        try:
+            updated = await self.local.client.patch(
+                self.kind.resource, meta["name"], patch, meta["namespace"]
+            )
+        except NotFound:
+            return None
+        return strip_managed_fields(updated)
+
+    # -- one target ---------------------------------------------------------------------------
+
+    async def _sync(
+        self, connection: TargetConnection, namespace: str, name: str, original: dict | None
+    ) -> Copy:
+        """Make ``connection``'s copy of ``namespace/name`` match ``original`` (None: no copy
+        is wanted there)."""
+        copies = self.informers.get(connection.node_name)
+        copy = copies.get(name, namespace) if copies is not None else None
+        ours = copy is not None and is_copy_of(copy, namespace, name, self.cluster_name)
+        if copies is None or not copies.has_synced or copies.last_error is not None:
+            return Copy.UNKNOWN if original is not None or ours else Copy.ABSENT
+        noun = self.kind.noun
+        try:
+            async with asyncio.timeout(TARGET_TIMEOUT):
+                if original is None:
+                    return await self._delete(connection, copy) if ours else Copy.ABSENT
+                if copy is not None and not ours:
+                    return self._conflict(original, connection)
+                return await self._write(connection, original, copy)
+        except Conflict:
+            return Copy.PENDING  # changed meanwhile: its event is on the way
+        except (Unreachable, TimeoutError) as e:
+            log.info(
+                "target not reachable for %s copy namespace=%s name=%s target=%s error=%s",
+                noun,
+                namespace,
+                name,
+                connection.node_name,
+                str(e) or "timed out",
+            )
+            return Copy.UNKNOWN
+        except ApiError as e:
+            log.warning(
+                "%s copy failed namespace=%s name=%s target=%s error=%s",
+                noun,
+                namespace,
+                name,
+                connection.node_name,
+                e,
+            )
+            if original is not None:
+                self._warn(
+                    original,
+                    connection,
+                    "CopyFailed",
+                    f"the copy of this {noun} in target {connection.name} could not be "
+                    f"written: {e.message}",
+                )
+            return Copy.FAILED
+
+    async def _write(self, connection: TargetConnection, original: dict, copy: dict | None) -> Copy:
+        client = connection.cluster.client  # type: ignore[union-attr]
+        resource = self.kind.resource
+        meta = original["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        desired = self.kind.desired(original, self.cluster_name)
+        if copy is None:
+            try:
+                await client.create(resource, desired, namespace)
+            except AlreadyExists:
+                # Not in our cache: not a copy, or one the cache has not seen yet.
+                copy = await client.get(resource, name, namespace)
+                if not is_copy_of(copy, namespace, name, self.cluster_name):
+                    return self._conflict(original, connection)
+            else:
+                self._log_copy("created", connection, namespace, name)
+                return self._resolved(connection, namespace, name)
+        if is_deleting(copy):
+            return Copy.PENDING
+        if self.kind.must_recreate(desired, copy):
+            await self._delete(connection, copy)
+            return Copy.PENDING  # created again once it is gone
+        if not self.kind.differs(desired, copy):
+            return self._resolved(connection, namespace, name)
+        try:
+            await client.update(resource, self.kind.update(desired, copy))
+        except Invalid as e:
+            log.info(
+                "%s copy replaced namespace=%s name=%s target=%s reason=%r",
+                self.kind.noun,
+                namespace,
+                name,
+                connection.node_name,
+                e.message,
+            )
+            await self._delete(connection, copy)
+            return Copy.PENDING
+        self._log_copy("updated", connection, namespace, name)
+        return self._resolved(connection, namespace, name)
+
+    async def _delete(self, connection: TargetConnection, copy: dict) -> Copy:
+        """Delete a copy of ours. Once its deletion is accepted, it counts as gone: the target
+        finishes it (a load balancer's finalizer, say), and a finalizer that someone there added
+        holds nothing of ours (it kept the original Terminating before)."""
+        meta = copy["metadata"]
+        if is_deleting(copy):
+            return Copy.ABSENT
+        await connection.cluster.client.delete(  # type: ignore[union-attr]
+            self.kind.resource,
+            meta["name"],
+            meta["namespace"],
+            preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
+            missing_ok=True,
+        )
+        self._log_copy("deleted", connection, meta["namespace"], meta["name"])
+        self._forget_warning(meta["namespace"], meta["name"], connection.node_name)
+        return Copy.ABSENT
+
+    # -- telling users ------------------------------------------------------------------------
+
+    def _log_copy(
+        self, action: str, connection: TargetConnection, namespace: str, name: str
+    ) -> None:
+        log.info(
+            "%s copy %s namespace=%s name=%s target=%s",
+            self.kind.noun,
+            action,
+            namespace,
+            name,
+            connection.node_name,
+        )
+
+    def _resolved(self, connection: TargetConnection, namespace: str, name: str) -> Copy:
+        self._forget_warning(namespace, name, connection.node_name)
+        return Copy.CURRENT
+
+    def _forget_warning(self, namespace: str, name: str, node: str) -> None:
+        warned = self._warned.get((namespace, name))
+        if warned is not None:
+            warned.pop(node, None)
+            if not warned:
+                del self._warned[(namespace, name)]
+
+    def _conflict(self, original: dict, connection: TargetConnection) -> Copy:
+        meta = original["metadata"]
+        self._warn(
+            original,
+            connection,
+            "CopyConflict",
+            f"{self.kind.resource.kind} {meta['namespace']}/{meta['name']} exists in target "
+            f"{connection.name} and is not a copy made by this cluster: it is left as it is, "
+            f"and this {self.kind.noun} is not replicated there",
+        )
+        return Copy.CONFLICT
+
+    def _warn(
+        self, original: dict, connection: TargetConnection, reason: str, message: str
+    ) -> None:
+        """A Warning event on the original, once until the situation changes."""
+        meta = original["metadata"]
+        warned = self._warned.setdefault((meta["namespace"], meta["name"]), {})
+        if warned.get(connection.node_name) == reason:
+            return
+        warned[connection.node_name] = reason
+        log.warning(
+            "%s not replicated namespace=%s name=%s target=%s reason=%s",
+            self.kind.noun,
+            meta["namespace"],
+            meta["name"],
+            connection.node_name,
+            reason,
+        )
+        self.events.emit(self.kind.reference(original), "Warning", reason, message)

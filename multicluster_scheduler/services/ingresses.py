@@ -1,0 +1,164 @@
+"""The ingresses controller (source side, leader only): Ingresses follow the global Services they
+route to.
+
+An Ingress of this cluster whose HTTP paths send traffic to a global Service of its namespace
+(:func:`..api.ingresses.follows`) is copied, as the Service is, to each connected target that
+serves its namespace, self targets excepted; while it is, it carries our finalizer and
+``multicluster.admiralty.io/global: "true"``. :mod:`.copies` says how copies are kept, and
+deleted: with the Ingress, and also (unlike upstream, which leaves them) when it stops naming a
+global Service.
+
+An Ingress is looked at when it changes, when one of its copies changes in a target, and when a
+Service it names becomes global or stops being global, appears or goes (Ingresses are indexed
+by the Services they name). As for Services, only Ingresses of namespaces labelled
+``multicluster-scheduler=enabled`` are copied: a tenant of a namespace that never opted in
+writes nothing into targets through us. Copies made by another source (``is-delegate``) are
+never copied again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from multicluster import Cluster, Conflict, Controller, EnqueueMapped, Request, Result
+from multicluster.events import EventRecorder
+from multicluster.informer import ADDED, DELETED, MODIFIED, strip_managed_fields
+from multicluster.resources import INGRESSES, SERVICES
+
+from ..api.copies import is_copy
+from ..api.ingresses import (
+    MARKS,
+    backend_services,
+    copy_differs,
+    copy_update,
+    desired_copy,
+    follows,
+    ingress_reference,
+)
+from ..api.services import is_global
+from ..targets.delegates import enabled_namespaces
+from ..targets.registry import TargetRegistry
+from .copies import LOOK_AGAIN, CopyKind, TargetCopies
+
+NEVER_TOUCHED = ("kube-system",)
+BACKEND_INDEX = "backend-services"
+INGRESS_COPIES = CopyKind(
+    resource=INGRESSES,
+    noun="ingress",
+    reference=ingress_reference,
+    desired=desired_copy,
+    differs=copy_differs,
+    update=copy_update,
+    marks=MARKS,
+)
+
+
+def by_backend_service(ingress: dict) -> Iterable[str]:
+    """``namespace/name`` of each Service an Ingress sends traffic to."""
+    namespace = ingress["metadata"].get("namespace")
+    return [f"{namespace}/{name}" for name in backend_services(ingress)]
+
+
+def global_changed(event: str, service: dict, old: dict | None) -> bool:
+    """Services matter to Ingresses when a global one appears or goes, or one becomes global or
+    stops being global."""
+    if event in (ADDED, DELETED):
+        return is_global(service)
+    return event == MODIFIED and old is not None and is_global(old) != is_global(service)
+
+
+class IngressSync:
+    def __init__(
+        self,
+        local: Cluster,
+        registry: TargetRegistry,
+        *,
+        cluster_name: str,
+        excluded_namespaces: tuple[str, ...] = (),
+        workers: int = 4,
+    ) -> None:
+        self.local = local
+        self.excluded = frozenset((*NEVER_TOUCHED, *excluded_namespaces))
+        self.events = EventRecorder(local.client, "admiralty-ingresses")
+        self.controller = Controller("ingresses", self.reconcile, workers=workers)
+        self.ingresses = self.controller.watch(
+            local, INGRESSES, transform=strip_managed_fields, predicates=[self._eligible]
+        )
+        self.ingresses.add_indexer(BACKEND_INDEX, by_backend_service)
+        # The same informer as the services controller's: one watch of Services.
+        self.services = self.controller.watch(
+            local,
+            SERVICES,
+            transform=strip_managed_fields,
+            predicates=[global_changed],
+            handler=EnqueueMapped(self._ingresses_naming),
+        )
+        self.enabled = enabled_namespaces(local)
+        self.enabled.add_handler(self._namespace_changed)
+        self.copies = TargetCopies(
+            INGRESS_COPIES,
+            local,
+            registry,
+            self.controller.queue,
+            cluster_name=cluster_name,
+            originals=self.ingresses,
+            to_copy=self._follows,
+            events=self.events,
+        )
+
+    # -- what is looked at --------------------------------------------------------------------
+
+    def _eligible(self, _event: str, ingress: dict, _old: dict | None) -> bool:
+        return ingress["metadata"].get("namespace") not in self.excluded and not is_copy(ingress)
+
+    def _follows(self, ingress: dict) -> bool:
+        namespace = ingress["metadata"]["namespace"]
+        return self._eligible("", ingress, None) and follows(
+            ingress, lambda name: self.services.get(name, namespace)
+        )
+
+    def _request(self, namespace: str, name: str) -> Request:
+        return Request(self.local.name, namespace, name)
+
+    def _namespace_changed(self, event: str, namespace: dict, _old, initial: bool) -> None:
+        """A namespace opted in or out: its Ingresses are looked at again."""
+        if initial or event not in (ADDED, DELETED):
+            return
+        name = namespace["metadata"]["name"]
+        for ingress in self.ingresses.list(name):
+            self.controller.queue.add(self._request(name, ingress["metadata"]["name"]))
+
+    def _ingresses_naming(self, _cluster: str, service: dict) -> list[Request]:
+        meta = service["metadata"]
+        namespace = meta["namespace"]
+        if namespace in self.excluded:
+            return []
+        return [
+            self._request(namespace, ingress["metadata"]["name"])
+            for ingress in self.ingresses.by_index(BACKEND_INDEX, f"{namespace}/{meta['name']}")
+        ]
+
+    # -- reconcile ----------------------------------------------------------------------------
+
+    async def reconcile(self, request: Request) -> Result | None:
+        try:
+            return await self._reconcile(request.namespace, request.name)
+        except Conflict:
+            # Our cache was behind the Ingress: the event that says so brings it back here.
+            return Result(requeue_after=LOOK_AGAIN)
+
+    async def _reconcile(self, namespace: str, name: str) -> Result | None:
+        if namespace in self.excluded:
+            return None
+        synced = self.ingresses.has_synced and self.services.has_synced
+        if not (synced and self.enabled.has_synced):
+            return Result(requeue_after=LOOK_AGAIN)
+        ingress = self.ingresses.get(name, namespace)
+        if ingress is not None and is_copy(ingress):
+            return None
+        wanted = (
+            ingress is not None
+            and self.enabled.get(namespace) is not None
+            and self._follows(ingress)
+        )
+        return await self.copies.reconcile(namespace, name, ingress, wanted)
