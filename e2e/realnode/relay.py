@@ -75,11 +75,22 @@ async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
                 sink.close()
 
 
+# The tasks of the connections being relayed. asyncio keeps a connection's task only through its
+# transport, and the loop keeps a transport only while it reads: one whose reading is paused
+# (its peer is slower, a big list in flight) would be garbage-collected with its task ("Task was
+# destroyed but it is pending!"), leaving both sides of the connection open and silent.
+_relaying: set[asyncio.Task] = set()
+
+
 async def splice(
     a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
 ) -> None:
     """Copy both ways until both sides are done, then close both."""
+    task = asyncio.current_task()
+    if task is not None:
+        _relaying.add(task)
+        task.add_done_callback(_relaying.discard)
     try:
         await asyncio.gather(_pipe(a[0], b[1]), _pipe(b[0], a[1]))
     finally:
