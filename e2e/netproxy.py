@@ -17,6 +17,7 @@ class TcpProxy:
             self.port = s.getsockname()[1]
         self._server: asyncio.Server | None = None
         self._connections: list[asyncio.Event] = []
+        self._tasks: set = set()
 
     async def start(self) -> None:
         """Start listening (until then, connections are refused)."""
@@ -33,6 +34,11 @@ class TcpProxy:
                 writer.close()
 
         async def handle(reader, writer):
+            # Held here: a connection whose reading is paused is held by nothing else, and
+            # would be garbage-collected with its task.
+            task = asyncio.current_task()
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             try:
                 up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
             except OSError:

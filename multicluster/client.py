@@ -325,7 +325,7 @@ class Client:
             field_selector=field_selector,
             limit=limit,
         ):
-            items.extend(page["items"] or ())
+            items.extend(page.get("items") or ())
             version = page["metadata"].get("resourceVersion", "")
         return items, version
 
@@ -822,7 +822,7 @@ def _list_page(page: Any, context: str) -> dict:
     if (
         type(page) is not dict
         or type(page.get("metadata")) is not dict
-        or type(page.get("items") or []) is not list
+        or type(page.get("items") or []) is not list  # null or absent: empty
     ):
         raise BadResponse(f"{context}: the answer is not a list (not quoted)")
     return page

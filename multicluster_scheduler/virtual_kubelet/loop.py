@@ -208,7 +208,10 @@ class VirtualKubelet:
         if entry is None:
             return
         if self.pods is not None:
-            await self.pods.release(connection)
+            try:
+                await self.pods.release(connection)
+            except Exception:  # whatever its target answered, the node goes
+                log.exception("target not released node=%s", connection.node_name)
             await self.pods.unwatch_node(connection.node_name)
         loop, task = entry
         task.cancel()

@@ -469,7 +469,7 @@ class PodSync:
                 pods, _ = await connection.cluster.client.list(
                     PODS, connection.namespace, label_selector=DELEGATE_LABEL_SELECTOR
                 )
-        except (ApiError, TimeoutError) as e:
+        except (ApiError, TimeoutError) as e:  # away, paused, or not an API server
             log.warning(
                 "delegates of a removed target not listed, using the cache target=%s error=%s",
                 connection.node_name,

@@ -240,7 +240,12 @@ async def test_a_declared_length_over_the_limit_is_not_read(serve):
 
 @pytest.mark.parametrize(
     "body",
-    [SECRET.encode(), b'["' + SECRET.encode() + b'"]', b'{"metadata": "' + SECRET.encode() + b'"}'],
+    [
+        SECRET.encode(),
+        b'["' + SECRET.encode() + b'"]',
+        b'{"metadata": "' + SECRET.encode() + b'"}',
+        b'{"metadata": {}, "items": {"' + SECRET.encode() + b'": 1}}',
+    ],
 )
 async def test_an_answer_that_is_not_a_list_is_refused_unquoted(serve, body):
     async def handler(request: web.Request) -> web.Response:
@@ -253,6 +258,16 @@ async def test_an_answer_that_is_not_a_list_is_refused_unquoted(serve, body):
 
 
 # -- errors -------------------------------------------------------------------------------------
+
+
+async def test_a_list_without_items_is_an_empty_list(serve):
+    """A nil slice in Go: what an API server may send for an empty list."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=b'{"metadata": {"resourceVersion": "5"}}')
+
+    client = await serve(handler)
+    assert await client.list(PODS) == ([], "5")
 
 
 async def test_an_error_body_that_is_not_a_status_is_not_quoted(serve):
