@@ -82,12 +82,13 @@ def backend_services(ingress: dict) -> set[str]:
 def follows(ingress: dict, service: Callable[[str], dict | None]) -> bool:
     """Whether ``ingress`` is copied to targets: it is not a copy, and one of the Services its
     paths send traffic to is global (``service(name)``: the Service of that name in the
-    Ingress's namespace, or None)."""
+    Ingress's namespace, or None) and this cluster's own: a Service copied in from another
+    source is global there, not here (nobody here made this Ingress follow)."""
     if is_copy(ingress):
         return False
     for name in backend_services(ingress):
         found = service(name)
-        if found is not None and is_global(found):
+        if found is not None and is_global(found) and not is_copy(found):
             return True
     return False
 
