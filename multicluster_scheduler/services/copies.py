@@ -407,13 +407,18 @@ class TargetCopies:
         meta = copy["metadata"]
         if is_deleting(copy):
             return Copy.ABSENT
-        await connection.cluster.client.delete(  # type: ignore[union-attr]
-            self.kind.resource,
-            meta["name"],
-            meta["namespace"],
-            preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
-            missing_ok=True,
-        )
+        try:
+            await connection.cluster.client.delete(  # type: ignore[union-attr]
+                self.kind.resource,
+                meta["name"],
+                meta["namespace"],
+                preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
+                missing_ok=True,
+            )
+        except Conflict:
+            # Its uid is not that copy's any more: the copy is gone (what has the name now is
+            # not ours). Waiting for it would let a target keep the original Terminating.
+            return Copy.ABSENT
         self._log_copy("deleted", connection, meta["namespace"], meta["name"])
         self._forget_warning(meta["namespace"], meta["name"], connection.node_name)
         return Copy.ABSENT

@@ -345,6 +345,23 @@ async def test_a_finalizer_someone_put_on_a_copy_keeps_the_original_from_nobody(
     assert world.original() is None, "finalizer removed, service gone"
 
 
+async def test_a_target_answering_409_to_deletes_keeps_no_original_terminating(world: World):
+    """A uid precondition that fails means the copy is gone: what has its name is not ours. A
+    target that always says so (hostile, or replaced the object) must not hold the original."""
+    world.add_proxy(proxy("nginx-1", app="nginx"))
+    world.api.add(service())
+    await world.reconcile()
+    c2 = world.targets["c2"]
+
+    async def conflict(*_args, **_kwargs):
+        raise Conflict("the object has been modified")
+
+    c2.delete = conflict  # type: ignore[method-assign]
+    await world.api.delete(SERVICES, "nginx", NS)
+    await world.reconcile()
+    assert world.original() is None, "finalizer removed, service gone"
+
+
 async def test_a_service_no_longer_global_loses_its_copies_and_finalizer(world: World):
     world.api.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
     await world.reconcile("db")
