@@ -75,7 +75,7 @@ class IngressSync:
         *,
         cluster_name: str,
         excluded_namespaces: tuple[str, ...] = (),
-        workers: int = 4,
+        workers: int = 8,
     ) -> None:
         self.local = local
         self.excluded = frozenset((*NEVER_TOUCHED, *excluded_namespaces))

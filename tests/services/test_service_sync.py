@@ -179,12 +179,18 @@ class World:
         """``namespace`` labelled multicluster-scheduler=enabled."""
         self.sync.enabled.store.put(namespace, {"metadata": {"name": namespace}})
 
-    def connect(self, name: str, target: Cluster | None = None) -> TargetConnection:
+    def connect(
+        self, name: str, target: Cluster | None = None, *, cluster_target: bool = False
+    ) -> TargetConnection:
         api = None
         if target is None:
             target, api = cluster(name)
         connection = TargetConnection(
-            kind="Target", name=name, namespace=NS, cluster=target, ready=True
+            kind="ClusterTarget" if cluster_target else "Target",
+            name=name,
+            namespace=None if cluster_target else NS,
+            cluster=target,
+            ready=True,
         )
         self.registry.connections[connection.node_name] = connection
         self.registry.connected(connection)
@@ -405,6 +411,42 @@ async def test_one_broken_target_does_not_hold_back_the_others(world: World):
     assert result.requeue
     assert (NS, "db") in world.targets["c2"].objects
     assert ("db", "Warning", "CopyFailed") in world.events.seen
+
+
+async def test_a_target_that_holds_requests_holds_two_workers_at_most(world: World):
+    """Copies a hostile target claims are ours, whose DELETEs it holds: two reconciles wait on
+    it; the others return at once (to back off) and other originals are not held back."""
+    c2 = world.targets["c2"]
+    held = asyncio.Event()
+    waiting = 0
+
+    async def hold(*_args, **_kwargs):
+        nonlocal waiting
+        waiting += 1
+        await held.wait()
+
+    for i in range(5):
+        forged = service(f"forged-{i}")
+        forged["metadata"]["labels"] = {keys.PARENT_UID: "any"}
+        forged["metadata"]["annotations"] = {
+            keys.IS_DELEGATE: "",
+            keys.PARENT_NAME: f"forged-{i}",
+            keys.PARENT_NAMESPACE: NS,
+            keys.PARENT_CLUSTER_NAME: CLUSTER,
+        }
+        c2.add(forged)
+    c2.delete = hold  # type: ignore[method-assign]
+    held_back = [asyncio.create_task(world.reconcile(f"forged-{i}")) for i in range(2)]
+    await until(lambda: waiting == 2)
+    for i in range(2, 5):
+        assert (await world.reconcile(f"forged-{i}")).requeue, "no slot: back off"
+    assert waiting == 2
+    world.connect("c3", cluster_target=True)
+    world.api.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
+    assert (await world.reconcile("db")).requeue, "c2's copy waits for a slot"
+    assert (NS, "db") in world.targets["c3"].objects, "another owner's target is not held back"
+    held.set()
+    assert [await t for t in held_back] == [None, None]
 
 
 async def test_unknown_targets_are_retried_but_never_hold_a_finalizer(world: World):
