@@ -12,6 +12,7 @@ These rules are pure functions so that the controller only moves data between cl
 from __future__ import annotations
 
 import copy as _copy
+import re
 from collections.abc import Callable
 
 from . import keys
@@ -50,6 +51,22 @@ LOCAL_ANNOTATIONS = frozenset(
         MANAGED_KEYS,
     }
 )
+
+
+# Annotation keys that make an Ingress refused (not copied): ingress controllers' raw
+# configuration (ingress-nginx's configuration-, server-, auth-, stream- and modsecurity-snippet,
+# HAProxy's config snippets...) would let whoever writes Ingresses in a source namespace write
+# the configuration of a target's ingress controller, which may read every Secret there.
+DEFAULT_REFUSED_ANNOTATIONS = "snippet"
+
+
+def refused_annotations(ingress: dict, refused: re.Pattern[str] | None) -> list[str]:
+    """The annotation keys of ``ingress`` that ``refused`` matches (anywhere in the key), sorted;
+    none if no pattern is given."""
+    if refused is None:
+        return []
+    annotations = ingress["metadata"].get("annotations") or {}
+    return sorted(key for key in annotations if refused.search(key))
 
 
 def ingress_reference(ingress: dict) -> dict:
