@@ -50,7 +50,7 @@ from multicluster import (
     is_deleting,
 )
 from multicluster.events import EventRecorder
-from multicluster.informer import strip_managed_fields
+from multicluster.informer import ADDED, DELETED, strip_managed_fields
 
 from ..api import keys
 from ..api.copies import finalizer_patch
@@ -141,8 +141,19 @@ class TargetCopies:
         registry.on_changed(self._changed)
         registry.on_removed(self._removed)
 
-    def _request(self, namespace: str, name: str) -> Request:
+    def request(self, namespace: str, name: str) -> Request:
         return Request(self.local.name, namespace, name)
+
+    def namespace_changed(
+        self, event: str, namespace: dict, _old: dict | None, initial: bool
+    ) -> None:
+        """A handler of the enabled namespaces: one that opts in or out has its originals
+        looked at again."""
+        if initial or event not in (ADDED, DELETED):
+            return
+        name = namespace["metadata"]["name"]
+        for original in self.originals.list(name):
+            self.queue.add(self.request(name, original["metadata"]["name"]))
 
     def _targets(self, namespace: str) -> list[TargetConnection]:
         """Connected targets that may hold copies of objects of ``namespace``."""
@@ -170,7 +181,7 @@ class TargetCopies:
         def on_copy(_event: str, copy: dict, _old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
             if is_ours(copy, self.cluster_name):
-                queue.add(self._request(meta["namespace"], meta["name"]), low_priority=initial)
+                queue.add(self.request(meta["namespace"], meta["name"]), low_priority=initial)
 
         copies.add_handler(on_copy)
         self.informers[node] = copies
@@ -214,7 +225,7 @@ class TargetCopies:
         for copy in copies.list() if copies is not None else ():
             meta = copy["metadata"]
             if is_ours(copy, self.cluster_name):
-                self.queue.add(self._request(meta["namespace"], meta["name"]), low_priority=True)
+                self.queue.add(self.request(meta["namespace"], meta["name"]), low_priority=True)
 
     def _resync(self, connection: TargetConnection) -> None:
         """Reconcile every original that has, or should have, a copy in this target."""
@@ -222,7 +233,7 @@ class TargetCopies:
         for original in self.originals.list():
             meta = original["metadata"]
             if connection.allows(meta["namespace"]) and self.to_copy(original):
-                self.queue.add(self._request(meta["namespace"], meta["name"]), low_priority=True)
+                self.queue.add(self.request(meta["namespace"], meta["name"]), low_priority=True)
 
     def _changed(self, connection: TargetConnection) -> None:
         """A target that becomes ready again may hold copies whose original went away."""

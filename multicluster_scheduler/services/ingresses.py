@@ -101,7 +101,6 @@ class IngressSync:
             handler=EnqueueMapped(self._ingresses_naming),
         )
         self.enabled = enabled_namespaces(local)
-        self.enabled.add_handler(self._namespace_changed)
         self.copies = TargetCopies(
             INGRESS_COPIES,
             local,
@@ -112,6 +111,7 @@ class IngressSync:
             to_copy=self._follows,
             events=self.events,
         )
+        self.enabled.add_handler(self.copies.namespace_changed)
 
     # -- what is looked at --------------------------------------------------------------------
 
@@ -150,24 +150,13 @@ class IngressSync:
             "ingresses.refusedAnnotations, agent flag --ingress-refused-annotations)",
         )
 
-    def _request(self, namespace: str, name: str) -> Request:
-        return Request(self.local.name, namespace, name)
-
-    def _namespace_changed(self, event: str, namespace: dict, _old, initial: bool) -> None:
-        """A namespace opted in or out: its Ingresses are looked at again."""
-        if initial or event not in (ADDED, DELETED):
-            return
-        name = namespace["metadata"]["name"]
-        for ingress in self.ingresses.list(name):
-            self.controller.queue.add(self._request(name, ingress["metadata"]["name"]))
-
     def _ingresses_naming(self, _cluster: str, service: dict) -> list[Request]:
         meta = service["metadata"]
         namespace = meta["namespace"]
         if namespace in self.excluded:
             return []
         return [
-            self._request(namespace, ingress["metadata"]["name"])
+            self.copies.request(namespace, ingress["metadata"]["name"])
             for ingress in self.ingresses.by_index(BACKEND_INDEX, f"{namespace}/{meta['name']}")
         ]
 

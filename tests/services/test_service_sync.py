@@ -207,7 +207,7 @@ class World:
         self.sync.proxies.store.put(f"{NS}/{pod['metadata']['name']}", pod)
 
     async def reconcile(self, name: str = "nginx"):
-        return await self.sync.reconcile(self.sync._request(NS, name))
+        return await self.sync.reconcile(self.sync.copies.request(NS, name))
 
     def original(self, name: str = "nginx") -> dict | None:
         return self.api.objects.get((NS, name))
@@ -467,7 +467,7 @@ async def test_copies_and_excluded_namespaces_are_never_touched(world: World):
     assert await world.reconcile("x") is None
     assert world.api.writes == [], "a copy made by another source is not ours to change"
     system = ServiceSync(world.local, world.registry, cluster_name=CLUSTER)
-    assert await system.reconcile(system._request("kube-system", "kube-dns")) is None
+    assert await system.reconcile(system.copies.request("kube-system", "kube-dns")) is None
 
 
 async def test_proxy_pods_enqueue_the_services_that_select_them(world: World):
