@@ -29,12 +29,14 @@ from e2e.cluster.install import Installation
 from e2e.kubectl import Kubectl
 from e2e.test_scheduling import all_running, nginx, nothing_left
 from e2e.test_target_limits import as_tenant, grant_tenant, ready, tenant_target, virtual_nodes
-from e2e.topology import SOURCE, connect, disconnect, kubeconfig_for
+from e2e.test_tenant_isolation import cluster_name
+from e2e.topology import SOURCE, TARGET, connect, disconnect, kubeconfig_for
 
 CHART_MEMORY_LIMIT = 512 << 20  # values.yaml: agent.resources.limits.memory
 MIB = 1 << 20
 LIST_BYTES = 100 * MIB
 LINE_BYTES = 300 * MIB
+EMPTY_LIST = b'{"kind":"List","metadata":{"resourceVersion":"1"},"items":[]}'
 ATTACK = 30.0  # seconds each attack is kept up: retries and back-off both happen
 
 
@@ -52,6 +54,13 @@ class Hostile(ThreadingHTTPServer):
         self.marker = "leak-" + secrets.token_hex(8)
         self.requests: list[str] = []
         self.sent = 0  # bytes of bodies written before the agent hung up
+        # "forged-copies": what the source's name is, how many copies of each kind to forge
+        self.source = ""
+        self.forged = 0
+        self.deleting: dict[str, int] = {}  # DELETEs held now, by resource
+        self.most_deleting: dict[str, int] = {}  # ... the most at once
+        self.deletes = 0
+        self.lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -70,7 +79,9 @@ class Handler(BaseHTTPRequestHandler):
         server.requests.append(self.path)
         watch = "watch=1" in self.path or "watch=true" in self.path
         try:
-            if server.mode == "error-body":
+            if server.mode == "forged-copies":
+                self._forged(watch)
+            elif server.mode == "error-body":
                 self._answer(500, "text/plain", f"admin dump: {server.marker}\n".encode() * 50)
             elif server.mode == "not-json":
                 self._answer(200, "text/html", f"<html>{server.marker}</html>".encode())
@@ -84,6 +95,59 @@ class Handler(BaseHTTPRequestHandler):
                 self._big_list()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the agent stopped reading: what it should do
+
+    def do_DELETE(self) -> None:
+        """Each DELETE is held longer than any client waits, then accepted."""
+        server = self.server
+        server.requests.append("DELETE " + self.path)
+        resource = self.path.split("?")[0].split("/")[-2]
+        with server.lock:
+            server.deletes += 1
+            held = server.deleting[resource] = server.deleting.get(resource, 0) + 1
+            server.most_deleting[resource] = max(server.most_deleting.get(resource, 0), held)
+        try:
+            time.sleep(30)
+            self._answer(200, "application/json", b'{"kind":"Status","status":"Success"}')
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            with server.lock:
+                server.deleting[resource] -= 1
+
+    def _forged(self, watch: bool) -> None:
+        """Empty lists; then, for Services and ConfigMaps, watch events of ``forged`` objects
+        that say they are the source's copies, and nothing more for a minute."""
+        path = self.path.split("?")[0]
+        parts = path.split("/")
+        resource = parts[-1]
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts else "default"
+        if not watch:
+            self._answer(200, "application/json", EMPTY_LIST)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        if resource in ("services", "configmaps"):
+            for i in range(self.server.forged):
+                name = f"forged-{i}"
+                annotations = {
+                    "multicluster.admiralty.io/parent-cluster-name": self.server.source,
+                    "multicluster.admiralty.io/parent-namespace": namespace,
+                    "multicluster.admiralty.io/parent-name": name,
+                }
+                meta = {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": f"{resource}-{i}",
+                    "resourceVersion": str(i + 2),
+                    "creationTimestamp": "2020-01-01T00:00:00Z",
+                    "labels": {"multicluster.admiralty.io/parent-uid": f"p{i}"},
+                    "annotations": annotations,
+                }
+                event = {"type": "ADDED", "object": {"metadata": meta}}
+                self.wfile.write(json.dumps(event).encode() + b"\n")
+            self.wfile.flush()
+        time.sleep(60)
 
     def _answer(self, code: int, kind: str, body: bytes) -> None:
         self.send_response(code)
@@ -368,3 +432,55 @@ def test_what_a_server_that_is_not_an_api_server_says_is_never_quoted(
     assert hostile.requests, "the server was asked"
     time.sleep(3)
     assert hostile.marker not in said_about(kubectl, namespace)
+
+
+# -- a server that holds every request: other tenants' copies keep going -----------------------
+
+
+def test_a_target_holding_deletes_of_forged_copies_holds_no_other_tenants_copies(
+    installation: Installation,
+    testbed: TestBed,
+    kubectl: Kubectl,
+    namespace: str,
+    hostile: Hostile,
+    good_tenant: str,
+):
+    """Before: a target naming hundreds of Services and ConfigMaps as this cluster's copies, and
+    holding each DELETE of them until the agent gave up (10 s), held every worker of the
+    services and follow controllers: another tenant's global Service waited minutes for its
+    copy. Now a target's owner holds two workers of each controller at most."""
+    grant_tenant(kubectl, namespace)
+    kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler=enabled")
+    hostile.mode, hostile.source, hostile.forged = "forged-copies", cluster_name(kubectl), 300
+    hostile_target(kubectl, testbed, namespace, hostile.url)
+    wait_for(lambda: hostile.deletes >= 2, 60, what="the agent deleting forged copies")
+    time.sleep(5)  # every worker the target may hold is held by now
+    asked = time.monotonic()
+    kubectl.apply(
+        SOURCE,
+        f"""apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: {good_tenant}
+  annotations: {{multicluster.admiralty.io/global: "true"}}
+spec:
+  selector: {{app: web}}
+  ports: [{{port: 80}}]
+""",
+    )
+
+    def copied() -> bool:
+        found = kubectl(TARGET, "get", "service", "web", "-n", good_tenant, "--ignore-not-found")
+        return "web" in found
+
+    wait_for(copied, 30, what="another tenant's Service copied to cluster2")
+    took = time.monotonic() - asked
+    most = dict(hostile.most_deleting)
+    print(
+        f"another tenant's Service copied in {took:.1f} s; {hostile.deletes} DELETEs held by "
+        f"the target, at most at once: {most}"
+    )
+    assert most.get("services", 0) <= 2
+    assert most.get("configmaps", 0) <= 2
+    kubectl(SOURCE, "delete", "service", "web", "-n", good_tenant)

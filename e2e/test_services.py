@@ -468,6 +468,24 @@ def test_an_ingress_follows_the_guides_service_into_cluster2(guide, kubectl: Kub
     now = ingress(kubectl, TARGET, namespace, "web")
     assert now["metadata"]["resourceVersion"] == settled["metadata"]["resourceVersion"], "flaps"
 
+    # Raw configuration of an ingress controller is refused: the copy goes, a Warning says why;
+    # without it, the Ingress follows again.
+    snippet = "nginx.ingress.kubernetes.io/configuration-snippet"
+    kubectl(SOURCE, "annotate", "ingress", "web", "-n", namespace, f"{snippet}=return 200;")
+    wait_for(lambda: ingress(kubectl, TARGET, namespace, "web") is None, 30, what="copy deleted")
+    warning = wait_for(
+        lambda: [
+            e
+            for e in kubectl.json(SOURCE, "get", "events", "-n", namespace)["items"]
+            if e["reason"] == "AnnotationRefused" and e["involvedObject"]["name"] == "web"
+        ],
+        30,
+        what="an AnnotationRefused event on the Ingress",
+    )
+    assert snippet in warning[0]["message"]
+    kubectl(SOURCE, "annotate", "ingress", "web", "-n", namespace, f"{snippet}-")
+    wait_for(lambda: ingress(kubectl, TARGET, namespace, "web"), 30, what="copied again")
+
     # The Service no longer global: the copy goes, and so do the finalizer and the mark; global
     # again: the Ingress follows again.
     kubectl(

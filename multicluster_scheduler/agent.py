@@ -35,6 +35,7 @@ from multicluster.config import ConfigError
 from multicluster.errors import ServerError, TooManyRequests
 from multicluster.resources import NAMESPACES
 
+from .api.ingresses import DEFAULT_REFUSED_ANNOTATIONS
 from .follow.controller import Follow
 from .scheduler.controller import Scheduler, proxy_informer
 from .services.controller import ServiceSync
@@ -141,6 +142,11 @@ class AgentSettings(BaseModel):
     summary_exclude_labels: str | None = Field(
         None, description="regular expression of node label keys left out of node groups"
     )
+    ingress_refused_annotations: str | None = Field(
+        DEFAULT_REFUSED_ANNOTATIONS,
+        description="regular expression of annotation keys that keep an Ingress from being "
+        "copied to targets (empty: none)",
+    )
     max_targets_per_namespace: int = Field(
         DEFAULT_MAX_PER_NAMESPACE,
         ge=0,
@@ -157,7 +163,7 @@ class AgentSettings(BaseModel):
         description="MiB of objects the caches of one ClusterTarget hold",
     )
 
-    @field_validator("summary_exclude_labels")
+    @field_validator("summary_exclude_labels", "ingress_refused_annotations")
     @classmethod
     def _regex(cls, value: str | None) -> str | None:
         if value:
@@ -277,6 +283,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--summary-exclude-labels",
         default=env("summary-exclude-labels"),
         help="regular expression of node label keys left out of the ClusterSummary's node groups",
+    )
+    add(
+        "--ingress-refused-annotations",
+        default=env("ingress-refused-annotations", DEFAULT_REFUSED_ANNOTATIONS),
+        help="regular expression: an Ingress with an annotation whose key it matches is not "
+        "copied to targets (raw configuration of their ingress controllers); empty: none",
     )
     add(
         "--max-targets-per-namespace",
@@ -405,8 +417,13 @@ async def run(settings: AgentSettings) -> None:
         cluster, registry, cluster_name=cluster_name, excluded_namespaces=(settings.namespace,)
     )
     manager.add_controller(services.controller)
+    refused = settings.ingress_refused_annotations
     ingresses = IngressSync(
-        cluster, registry, cluster_name=cluster_name, excluded_namespaces=(settings.namespace,)
+        cluster,
+        registry,
+        cluster_name=cluster_name,
+        excluded_namespaces=(settings.namespace,),
+        refused=re.compile(refused) if refused else None,
     )
     manager.add_controller(ingresses.controller)
     virtual_kubelet = VirtualKubelet(

@@ -37,6 +37,7 @@ from multicluster_scheduler.targets.controller import (
 from multicluster_scheduler.targets.limits import (
     DEFAULT_MAX_PER_NAMESPACE,
     TargetLimits,
+    TargetSlots,
     admitted,
     too_many_message,
 )
@@ -212,6 +213,21 @@ def test_cache_limits_are_agent_flags_and_chart_values(monkeypatch):
         "--cluster-target-cache-mib={{ .Values.targets.cachePerClusterTargetMiB | int }}"
         in template
     )
+
+
+def test_a_namespaces_targets_share_their_slots_and_each_cluster_target_has_its_own():
+    slots = TargetSlots(limit=2)
+    with slots.slot("a", "team-a") as one, slots.slot("b", "team-a") as two:
+        assert (one, two) == (True, True)
+        with slots.slot("c", "team-a") as three:
+            assert not three, "a third Target of team-a finds no slot"
+        with slots.slot("a", "team-b") as other, slots.slot("all", None) as cluster_wide:
+            assert (other, cluster_wide) == (True, True), "other owners are not held back"
+        assert slots.busy("a", "team-a")
+    assert not slots.busy("a", "team-a"), "slots are given back"
+    with pytest.raises(RuntimeError), slots.slot("a", "team-a"):
+        raise RuntimeError("a failed request")
+    assert slots._used == {}, "... even when the request fails"
 
 
 def test_a_namespaces_targets_share_one_cache_budget_and_each_cluster_target_has_its_own():

@@ -12,6 +12,7 @@ These rules are pure functions so that the controller only moves data between cl
 from __future__ import annotations
 
 import copy as _copy
+import re
 from collections.abc import Callable
 
 from . import keys
@@ -52,6 +53,22 @@ LOCAL_ANNOTATIONS = frozenset(
 )
 
 
+# Annotation keys that make an Ingress refused (not copied): ingress controllers' raw
+# configuration (ingress-nginx's configuration-, server-, auth-, stream- and modsecurity-snippet,
+# HAProxy's config snippets...) would let whoever writes Ingresses in a source namespace write
+# the configuration of a target's ingress controller, which may read every Secret there.
+DEFAULT_REFUSED_ANNOTATIONS = "snippet"
+
+
+def refused_annotations(ingress: dict, refused: re.Pattern[str] | None) -> list[str]:
+    """The annotation keys of ``ingress`` that ``refused`` matches (anywhere in the key), sorted;
+    none if no pattern is given."""
+    if refused is None:
+        return []
+    annotations = ingress["metadata"].get("annotations") or {}
+    return sorted(key for key in annotations if refused.search(key))
+
+
 def ingress_reference(ingress: dict) -> dict:
     """A cached Ingress (lists carry no kind) as events need it."""
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": ingress["metadata"]}
@@ -82,12 +99,13 @@ def backend_services(ingress: dict) -> set[str]:
 def follows(ingress: dict, service: Callable[[str], dict | None]) -> bool:
     """Whether ``ingress`` is copied to targets: it is not a copy, and one of the Services its
     paths send traffic to is global (``service(name)``: the Service of that name in the
-    Ingress's namespace, or None)."""
+    Ingress's namespace, or None) and this cluster's own: a Service copied in from another
+    source is global there, not here (nobody here made this Ingress follow)."""
     if is_copy(ingress):
         return False
     for name in backend_services(ingress):
         found = service(name)
-        if found is not None and is_global(found):
+        if found is not None and is_global(found) and not is_copy(found):
             return True
     return False
 

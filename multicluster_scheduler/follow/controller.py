@@ -57,12 +57,14 @@ from ..api.follow import (
 from ..api.parents import is_ours
 from ..api.proxy import parent_cluster, parent_uid
 from ..targets.delegates import DelegateLookup
+from ..targets.limits import TargetSlots
 from ..targets.registry import TargetConnection
 
 log = logging.getLogger(__name__)
 GRACE = 30.0
 TARGET_TIMEOUT = 10.0
 PREPARE_TIMEOUT = 5.0
+REMOVAL_CONCURRENCY = 8  # copies deleted at once from a removed target (it may claim thousands)
 NOT_CACHED_RETRY = 2.0
 FOREIGN_RETRY = 60.0  # someone else's object of the same name: looked at again after this
 WARN_EVERY = 600.0
@@ -101,6 +103,7 @@ class Follower:
         self.cluster_name = lookup.cluster_name
         self.events = events
         self.controller = Controller(f"follow-{self.resource.plural}", self, workers=workers)
+        self.slots = TargetSlots()
         self.sources = self.controller.watch(
             local, self.resource, transform=slim_followed, predicates=[self._relevant]
         )
@@ -232,9 +235,15 @@ class Follower:
         ]
         if not ours:
             return
+        at_once = asyncio.Semaphore(REMOVAL_CONCURRENCY)
+
+        async def delete(copy: dict) -> None:
+            async with at_once:
+                await self._delete_copy(connection, copy)
+
         try:
             async with asyncio.timeout(TARGET_TIMEOUT):
-                await asyncio.gather(*(self._delete_copy(connection, c) for c in ours))
+                await asyncio.gather(*(delete(c) for c in ours))
         except (ApiError, TimeoutError) as e:
             log.warning(
                 "copies not all deleted from removed target %s: %s", connection.node_name, e
@@ -335,7 +344,8 @@ class Follower:
             *(self._act(c, action, copy, full, now) for c, action, copy in plans)
         )
         failures = [f for f in results if isinstance(f, str)]
-        remaining += sum(1 for r in results if r is True)
+        busy = sum(1 for r in results if r is None)
+        remaining += busy + sum(1 for r in results if r is True)
         if failures:
             raise RuntimeError(f"{self.kind} {namespace}/{name}: " + "; ".join(failures))
         if source is not None and has_finalizer(source, keys.FINALIZER) and remaining == 0:
@@ -352,6 +362,8 @@ class Follower:
             and not has_finalizer(source, keys.FINALIZER)
         ):
             await self._source_with_finalizer(namespace, name)  # copies exist: hold the source
+        if busy:
+            return Result(requeue=True)  # with backoff, holding no worker meanwhile
         if requeue is None and remaining:
             requeue = RESYNC_EVERY
         return Result(requeue_after=requeue) if requeue else None
@@ -363,9 +375,10 @@ class Follower:
         copy: dict | None,
         source: dict | None,
         planned: float,
-    ) -> bool | str:
+    ) -> bool | str | None:
         """Write or delete one copy within ``TARGET_TIMEOUT``: True if a copy of ours remains
-        there, False if not, a message if it failed."""
+        there, False if not, a message if it failed, None if the target's owner has no slot
+        free (:class:`..targets.limits.TargetSlots`)."""
         if action == "write":
             assert source is not None
             meta = source["metadata"]
@@ -373,6 +386,20 @@ class Follower:
             assert copy is not None
             meta = copy["metadata"]
         key = (connection.node_name, meta["namespace"], meta["name"])
+        with self.slots.slot(connection.name, connection.namespace) as free:
+            if not free:
+                return None
+            return await self._act_now(connection, action, copy, source, planned, key)
+
+    async def _act_now(
+        self,
+        connection: TargetConnection,
+        action: str,
+        copy: dict | None,
+        source: dict | None,
+        planned: float,
+        key: Key,
+    ) -> bool | str:
         try:
             async with asyncio.timeout(TARGET_TIMEOUT), self._locked(key):
                 if action == "write":
@@ -383,7 +410,7 @@ class Follower:
                 await self._delete_copy(connection, copy)  # type: ignore[arg-type]
                 return False
         except (ApiError, TimeoutError) as e:
-            return f"{connection.name}: {e or 'timed out'}"
+            return f"{connection.name}: {str(e) or 'timed out'}"
 
     async def _source_with_finalizer(self, namespace: str, name: str) -> dict | None:
         """The source object, read in full, with our finalizer on it before any copy exists."""

@@ -29,7 +29,7 @@ from multicluster import (
     is_deleting,
 )
 from multicluster.events import EventRecorder
-from multicluster.informer import ADDED, DELETED, MODIFIED, strip_managed_fields
+from multicluster.informer import ADDED, MODIFIED, strip_managed_fields
 from multicluster.resources import PODS, SERVICES
 
 from ..api.copies import is_copy
@@ -102,7 +102,6 @@ class ServiceSync:
             handler=EnqueueMapped(self._services_selecting),
         )
         self.enabled = enabled_namespaces(local)
-        self.enabled.add_handler(self._namespace_changed)
         self.copies = TargetCopies(
             SERVICE_COPIES,
             local,
@@ -113,22 +112,12 @@ class ServiceSync:
             to_copy=lambda service: is_global(service) and self._eligible("", service, None),
             events=self.events,
         )
+        self.enabled.add_handler(self.copies.namespace_changed)
 
     # -- what is looked at --------------------------------------------------------------------
 
     def _eligible(self, _event: str, service: dict, _old: dict | None) -> bool:
         return service["metadata"].get("namespace") not in self.excluded and not is_copy(service)
-
-    def _request(self, namespace: str, name: str) -> Request:
-        return Request(self.local.name, namespace, name)
-
-    def _namespace_changed(self, event: str, namespace: dict, _old, initial: bool) -> None:
-        """A namespace opted in or out: its Services are looked at again."""
-        if initial or event not in (ADDED, DELETED):
-            return
-        name = namespace["metadata"]["name"]
-        for service in self.services.list(name):
-            self.controller.queue.add(self._request(name, service["metadata"]["name"]))
 
     def _services_selecting(self, _cluster: str, pod: dict) -> list[Request]:
         meta = pod["metadata"]
@@ -137,7 +126,7 @@ class ServiceSync:
             return []
         labels = meta.get("labels") or {}
         return [
-            self._request(namespace, service["metadata"]["name"])
+            self.copies.request(namespace, service["metadata"]["name"])
             for service in self.services.list(namespace)
             if not is_copy(service)
             and selects(

@@ -17,7 +17,10 @@ date, how it is updated); how copies are kept is the same, and lives here once:
   unless a copy is out of date), so that no copy is orphaned because an event was missed or a
   requeue was lost.
 - One reconcile handles one original in all targets at once, each target within its own time
-  limit, so a slow or broken target never holds back the others.
+  limit, so a slow or broken target never holds back the others. Requests to the targets of
+  one owner (a namespace's Targets, or a ClusterTarget) hold at most a few workers at once
+  (:class:`..targets.limits.TargetSlots`): a target that names thousands of objects as our
+  copies and answers nothing cannot stall every other tenant's copies.
 
 The controller that owns the originals decides whether one is to be copied now, and calls
 :meth:`TargetCopies.reconcile`; events of copies in targets enqueue their original there.
@@ -47,16 +50,18 @@ from multicluster import (
     is_deleting,
 )
 from multicluster.events import EventRecorder
-from multicluster.informer import strip_managed_fields
+from multicluster.informer import ADDED, DELETED, strip_managed_fields
 
 from ..api import keys
 from ..api.copies import finalizer_patch
 from ..api.parents import is_copy_of, is_ours
+from ..targets.limits import TargetSlots
 from ..targets.registry import TargetConnection, TargetRegistry
 
 log = logging.getLogger(__name__)
 TARGET_TIMEOUT = 10.0  # one target's share of a reconcile
 REMOVAL_TIMEOUT = 10.0  # deleting copies from a Target being deleted
+REMOVAL_CONCURRENCY = 8  # ... that many at once (a target may claim thousands are ours)
 RECHECK = 10.0  # a target that cannot be read now
 RETRY_CONFLICT = 60.0  # an object of the same name, not ours, may be deleted by its owner
 LOOK_AGAIN = 1.0
@@ -90,6 +95,7 @@ class Copy(enum.Enum):
     ABSENT = "absent"  # no copy of ours (possibly just deleted)
     PENDING = "pending"  # a copy is going away or changed meanwhile: look again soon
     UNKNOWN = "unknown"  # the target cannot be read or reached now
+    BUSY = "busy"  # requests of the target's owner hold their share of the workers: back off
     CONFLICT = "conflict"  # an object of that name there is not ours
     FAILED = "failed"  # the target answered with an error
 
@@ -113,8 +119,10 @@ class TargetCopies:
         originals: Informer,
         to_copy: Callable[[dict], bool],
         events: EventRecorder,
+        slots: TargetSlots | None = None,
     ) -> None:
         self.kind = kind
+        self.slots = slots or TargetSlots()
         self.local = local
         self.registry = registry
         self.queue = queue
@@ -133,8 +141,19 @@ class TargetCopies:
         registry.on_changed(self._changed)
         registry.on_removed(self._removed)
 
-    def _request(self, namespace: str, name: str) -> Request:
+    def request(self, namespace: str, name: str) -> Request:
         return Request(self.local.name, namespace, name)
+
+    def namespace_changed(
+        self, event: str, namespace: dict, _old: dict | None, initial: bool
+    ) -> None:
+        """A handler of the enabled namespaces: one that opts in or out has its originals
+        looked at again."""
+        if initial or event not in (ADDED, DELETED):
+            return
+        name = namespace["metadata"]["name"]
+        for original in self.originals.list(name):
+            self.queue.add(self.request(name, original["metadata"]["name"]))
 
     def _targets(self, namespace: str) -> list[TargetConnection]:
         """Connected targets that may hold copies of objects of ``namespace``."""
@@ -162,7 +181,7 @@ class TargetCopies:
         def on_copy(_event: str, copy: dict, _old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
             if is_ours(copy, self.cluster_name):
-                queue.add(self._request(meta["namespace"], meta["name"]), low_priority=initial)
+                queue.add(self.request(meta["namespace"], meta["name"]), low_priority=initial)
 
         copies.add_handler(on_copy)
         self.informers[node] = copies
@@ -206,7 +225,7 @@ class TargetCopies:
         for copy in copies.list() if copies is not None else ():
             meta = copy["metadata"]
             if is_ours(copy, self.cluster_name):
-                self.queue.add(self._request(meta["namespace"], meta["name"]), low_priority=True)
+                self.queue.add(self.request(meta["namespace"], meta["name"]), low_priority=True)
 
     def _resync(self, connection: TargetConnection) -> None:
         """Reconcile every original that has, or should have, a copy in this target."""
@@ -214,7 +233,7 @@ class TargetCopies:
         for original in self.originals.list():
             meta = original["metadata"]
             if connection.allows(meta["namespace"]) and self.to_copy(original):
-                self.queue.add(self._request(meta["namespace"], meta["name"]), low_priority=True)
+                self.queue.add(self.request(meta["namespace"], meta["name"]), low_priority=True)
 
     def _changed(self, connection: TargetConnection) -> None:
         """A target that becomes ready again may hold copies whose original went away."""
@@ -245,11 +264,15 @@ class TargetCopies:
         ours = [c for c in copies.list() if is_ours(c, self.cluster_name)]
         if not ours:
             return
+        at_once = asyncio.Semaphore(REMOVAL_CONCURRENCY)
+
+        async def delete(copy: dict) -> Copy:
+            async with at_once:
+                return await self._delete(connection, copy)
+
         try:
             async with asyncio.timeout(REMOVAL_TIMEOUT):
-                results = await asyncio.gather(
-                    *(self._delete(connection, c) for c in ours), return_exceptions=True
-                )
+                results = await asyncio.gather(*(delete(c) for c in ours), return_exceptions=True)
         except TimeoutError:
             results = [TimeoutError("timed out")]
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -279,7 +302,7 @@ class TargetCopies:
         outcomes = await asyncio.gather(
             *(self._sync(c, namespace, name, original) for c in self._targets(namespace))
         )
-        if Copy.FAILED in outcomes:
+        if Copy.FAILED in outcomes or Copy.BUSY in outcomes:
             return Result(requeue=True)  # backs off; each failure is logged already
         delays = []
         if Copy.PENDING in outcomes:
@@ -321,13 +344,40 @@ class TargetCopies:
         ours = copy is not None and is_copy_of(copy, namespace, name, self.cluster_name)
         if copies is None or not copies.has_synced or copies.last_error is not None:
             return Copy.UNKNOWN if original is not None or ours else Copy.ABSENT
+        if original is None and not ours:
+            return Copy.ABSENT
+        if original is not None and copy is not None:
+            if not ours:
+                return self._conflict(original, connection)
+            if self._current(original, copy):
+                return self._resolved(connection, namespace, name)
+        with self.slots.slot(connection.name, connection.namespace) as free:
+            if not free:
+                return Copy.BUSY
+            return await self._request_target(connection, namespace, name, original, copy)
+
+    def _current(self, original: dict, copy: dict) -> bool:
+        """Whether ``copy`` is what ``original`` wants (nothing to ask its target)."""
+        if is_deleting(copy):
+            return False
+        desired = self.kind.desired(original, self.cluster_name)
+        return not self.kind.must_recreate(desired, copy) and not self.kind.differs(desired, copy)
+
+    async def _request_target(
+        self,
+        connection: TargetConnection,
+        namespace: str,
+        name: str,
+        original: dict | None,
+        copy: dict | None,
+    ) -> Copy:
+        """Write or delete (``original`` None) the copy in ``connection``'s target."""
         noun = self.kind.noun
         try:
             async with asyncio.timeout(TARGET_TIMEOUT):
                 if original is None:
-                    return await self._delete(connection, copy) if ours else Copy.ABSENT
-                if copy is not None and not ours:
-                    return self._conflict(original, connection)
+                    assert copy is not None
+                    return await self._delete(connection, copy)
                 return await self._write(connection, original, copy)
         except Conflict:
             return Copy.PENDING  # changed meanwhile: its event is on the way
@@ -407,13 +457,18 @@ class TargetCopies:
         meta = copy["metadata"]
         if is_deleting(copy):
             return Copy.ABSENT
-        await connection.cluster.client.delete(  # type: ignore[union-attr]
-            self.kind.resource,
-            meta["name"],
-            meta["namespace"],
-            preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
-            missing_ok=True,
-        )
+        try:
+            await connection.cluster.client.delete(  # type: ignore[union-attr]
+                self.kind.resource,
+                meta["name"],
+                meta["namespace"],
+                preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
+                missing_ok=True,
+            )
+        except Conflict:
+            # Its uid is not that copy's any more: the copy is gone (what has the name now is
+            # not ours). Waiting for it would let a target keep the original Terminating.
+            return Copy.ABSENT
         self._log_copy("deleted", connection, meta["namespace"], meta["name"])
         self._forget_warning(meta["namespace"], meta["name"], connection.node_name)
         return Copy.ABSENT

@@ -13,11 +13,14 @@ Service it names becomes global or stops being global, appears or goes (Ingresse
 by the Services they name). As for Services, only Ingresses of namespaces labelled
 ``multicluster-scheduler=enabled`` are copied: a tenant of a namespace that never opted in
 writes nothing into targets through us. Copies made by another source (``is-delegate``) are
-never copied again.
+never copied again. An Ingress with an annotation the agent refuses (``snippet`` in its key by
+default: raw configuration of an ingress controller) is not copied, and a Warning event on it
+says why.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from multicluster import Cluster, Conflict, Controller, EnqueueMapped, Request, Result
@@ -34,6 +37,7 @@ from ..api.ingresses import (
     desired_copy,
     follows,
     ingress_reference,
+    refused_annotations,
 )
 from ..api.services import is_global
 from ..targets.delegates import enabled_namespaces
@@ -75,9 +79,12 @@ class IngressSync:
         *,
         cluster_name: str,
         excluded_namespaces: tuple[str, ...] = (),
-        workers: int = 4,
+        refused: re.Pattern[str] | None = None,
+        workers: int = 8,
     ) -> None:
         self.local = local
+        self.refused = refused
+        self._said_refused: dict[tuple[str, str], list[str]] = {}  # the last Warning, by Ingress
         self.excluded = frozenset((*NEVER_TOUCHED, *excluded_namespaces))
         self.events = EventRecorder(local.client, "admiralty-ingresses")
         self.controller = Controller("ingresses", self.reconcile, workers=workers)
@@ -94,7 +101,6 @@ class IngressSync:
             handler=EnqueueMapped(self._ingresses_naming),
         )
         self.enabled = enabled_namespaces(local)
-        self.enabled.add_handler(self._namespace_changed)
         self.copies = TargetCopies(
             INGRESS_COPIES,
             local,
@@ -105,28 +111,44 @@ class IngressSync:
             to_copy=self._follows,
             events=self.events,
         )
+        self.enabled.add_handler(self.copies.namespace_changed)
 
     # -- what is looked at --------------------------------------------------------------------
 
     def _eligible(self, _event: str, ingress: dict, _old: dict | None) -> bool:
         return ingress["metadata"].get("namespace") not in self.excluded and not is_copy(ingress)
 
-    def _follows(self, ingress: dict) -> bool:
+    def _routes_to_global(self, ingress: dict) -> bool:
         namespace = ingress["metadata"]["namespace"]
         return self._eligible("", ingress, None) and follows(
             ingress, lambda name: self.services.get(name, namespace)
         )
 
-    def _request(self, namespace: str, name: str) -> Request:
-        return Request(self.local.name, namespace, name)
+    def _follows(self, ingress: dict) -> bool:
+        return self._routes_to_global(ingress) and not refused_annotations(ingress, self.refused)
 
-    def _namespace_changed(self, event: str, namespace: dict, _old, initial: bool) -> None:
-        """A namespace opted in or out: its Ingresses are looked at again."""
-        if initial or event not in (ADDED, DELETED):
+    def _say_refused(self, ingress: dict | None, routes: bool) -> None:
+        """A Warning on an Ingress that would follow but for refused annotations, once until they
+        change."""
+        if ingress is None:
             return
-        name = namespace["metadata"]["name"]
-        for ingress in self.ingresses.list(name):
-            self.controller.queue.add(self._request(name, ingress["metadata"]["name"]))
+        meta = ingress["metadata"]
+        key = (meta["namespace"], meta["name"])
+        refused = refused_annotations(ingress, self.refused) if routes else []
+        if not refused:
+            self._said_refused.pop(key, None)
+            return
+        if self._said_refused.get(key) == refused:
+            return
+        self._said_refused[key] = refused
+        self.events.emit(
+            ingress_reference(ingress),
+            "Warning",
+            "AnnotationRefused",
+            f"not copied to targets: annotation {', '.join(refused)} would configure the "
+            "ingress controllers of target clusters (refused by chart value "
+            "ingresses.refusedAnnotations, agent flag --ingress-refused-annotations)",
+        )
 
     def _ingresses_naming(self, _cluster: str, service: dict) -> list[Request]:
         meta = service["metadata"]
@@ -134,7 +156,7 @@ class IngressSync:
         if namespace in self.excluded:
             return []
         return [
-            self._request(namespace, ingress["metadata"]["name"])
+            self.copies.request(namespace, ingress["metadata"]["name"])
             for ingress in self.ingresses.by_index(BACKEND_INDEX, f"{namespace}/{meta['name']}")
         ]
 
@@ -156,9 +178,11 @@ class IngressSync:
         ingress = self.ingresses.get(name, namespace)
         if ingress is not None and is_copy(ingress):
             return None
-        wanted = (
+        routes = (
             ingress is not None
             and self.enabled.get(namespace) is not None
-            and self._follows(ingress)
+            and self._routes_to_global(ingress)
         )
+        self._say_refused(ingress, routes)
+        wanted = routes and ingress is not None and not refused_annotations(ingress, self.refused)
         return await self.copies.reconcile(namespace, name, ingress, wanted)

@@ -10,14 +10,17 @@ what that server sends. So:
   ClusterTargets, made by cluster admins, are not counted;
 - what the caches of a namespace's Targets hold together is at most ``cache_per_namespace``
   bytes (of JSON); each ClusterTarget has ``cache_per_cluster_target`` of its own;
-- large answers of all targets are read a few at a time (:class:`multicluster.ReadLimits`).
+- large answers of all targets are read a few at a time (:class:`multicluster.ReadLimits`);
+- at most ``DEFAULT_SLOTS_PER_OWNER`` of a controller's reconciles wait on the targets of one
+  namespace (or on one ClusterTarget) at once (:class:`TargetSlots`).
 
 Self targets read the agent's own cluster through its own connection: none of this applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from multicluster import CacheBudget, ReadLimits
@@ -26,6 +29,7 @@ MIB = 1 << 20
 DEFAULT_MAX_PER_NAMESPACE = 10
 DEFAULT_CACHE_PER_NAMESPACE = 32 * MIB
 DEFAULT_CACHE_PER_CLUSTER_TARGET = 256 * MIB
+DEFAULT_SLOTS_PER_OWNER = 2
 TOO_MANY = "TooManyTargets"
 CACHE_FULL = "CacheFull"
 
@@ -89,3 +93,44 @@ class TargetLimits:
     def cluster_options(self, name: str, namespace: str | None) -> dict:
         """Options of the connection to a target that is not this cluster."""
         return {"read_limits": self.read_limits, "budget": self.budget(name, namespace)}
+
+
+def owner(name: str, namespace: str | None) -> str:
+    """Who answers for a target's cost: its namespace for a Target (a tenant may make several),
+    itself for a ClusterTarget."""
+    return f"namespace/{namespace}" if namespace else f"clustertarget/{name}"
+
+
+class TargetSlots:
+    """Requests to targets under way for one controller, at most ``limit`` per owner.
+
+    A target that answers nothing until each request times out would otherwise hold every
+    worker of the controller with objects it names (copies it claims are ours, say), and every
+    other tenant's objects would wait. With a slot per request, it holds ``limit`` workers at
+    most; a reconcile that finds no slot free returns at once and tries again with backoff.
+    """
+
+    def __init__(self, limit: int = DEFAULT_SLOTS_PER_OWNER) -> None:
+        self.limit = limit
+        self._used: dict[str, int] = {}
+
+    def busy(self, name: str, namespace: str | None) -> bool:
+        return self._used.get(owner(name, namespace), 0) >= self.limit
+
+    @contextlib.contextmanager
+    def slot(self, name: str, namespace: str | None) -> Iterator[bool]:
+        """Yields whether a slot was free (and is held until the block ends)."""
+        key = owner(name, namespace)
+        used = self._used.get(key, 0)
+        if used >= self.limit:
+            yield False
+            return
+        self._used[key] = used + 1
+        try:
+            yield True
+        finally:
+            left = self._used[key] - 1
+            if left:
+                self._used[key] = left
+            else:
+                del self._used[key]

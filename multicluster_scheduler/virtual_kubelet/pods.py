@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from itertools import repeat
 
 from multicluster import (
     ApiError,
@@ -60,9 +61,15 @@ RECHECK = 5.0
 RELEASE_TIMEOUT = 5.0
 RELEASE_CONCURRENCY = 32
 RELEASE_PER_DELEGATE = 0.05
+RELEASE_CEILING = 60.0
+RELEASE_LISTED = 5000  # pods listed from a target that goes, beyond twice what its cache holds
 VIRTUAL_NODE_PREFIX = "admiralty-"
 REFUSED_REASON = "NotProxyPod"
 FAILOVER_REASON = "TargetFailover"
+
+
+class TooMany(Exception):
+    """A target listed more pods than it could hold of ours."""
 
 
 def _node_of(pod: dict) -> list[str]:
@@ -441,7 +448,10 @@ class PodSync:
 
         try:
             # Enough time for the work (a target may hold thousands), not forever if it is away.
-            async with asyncio.timeout(RELEASE_TIMEOUT + RELEASE_PER_DELEGATE * len(delegates)):
+            # ... and a ceiling: a hostile target's answers must not hold the removal for hours.
+            async with asyncio.timeout(
+                min(RELEASE_TIMEOUT + RELEASE_PER_DELEGATE * len(delegates), RELEASE_CEILING)
+            ):
                 results = await asyncio.gather(
                     *(delete(d) for d in delegates), return_exceptions=True
                 )
@@ -461,36 +471,55 @@ class PodSync:
     async def _left_in(self, connection: TargetConnection) -> list[dict]:
         """Our delegates in a target that goes, but those of proxy pods placed in another Target
         of the same place. They are listed from its API server: the cache may not have seen the
-        last ones created (the scheduler has waited for its creates under way to end)."""
+        last ones created (the scheduler has waited for its creates under way to end). What a
+        target answers is not trusted: pages are read one at a time, only the names of what
+        qualifies are kept, and past a count the cache can explain, the cache is used."""
         if connection.cluster is None:
             return []
+        cached = connection.delegates.list() if connection.delegates is not None else []
+        most = RELEASE_LISTED + 2 * len(cached)
+        left: list[dict] = []
+        seen = 0
         try:
             async with asyncio.timeout(RELEASE_TIMEOUT):
-                pods, _ = await connection.cluster.client.list(
+                async for page in connection.cluster.client.list_pages(
                     PODS, connection.namespace, label_selector=DELEGATE_LABEL_SELECTOR
-                )
-        except (ApiError, TimeoutError) as e:  # away, paused, or not an API server
+                ):
+                    items = page.get("items") or ()
+                    seen += len(items)
+                    if seen > most:
+                        raise TooMany(f"over {most} pods listed")
+                    left.extend(d for d in map(self._leftover, items, repeat(connection)) if d)
+                    del page, items
+        except (ApiError, TimeoutError, TooMany) as e:  # away, paused, or not an API server
             log.warning(
                 "delegates of a removed target not listed, using the cache target=%s error=%s",
                 connection.node_name,
                 e or "no answer",
             )
-            pods = connection.delegates.list() if connection.delegates is not None else []
-        left = []
-        for pod in pods:
-            namespace = pod["metadata"].get("namespace") or ""
-            if (
-                is_deleting(pod)
-                or not connection.allows(namespace)
-                or not looks_like_delegate(pod, self.cluster_name)
-            ):
-                continue
-            proxy = self.lookup.proxy(parent_uid(pod))
-            home = self.lookup.home(proxy) if proxy is not None else None
-            if home is not None and home.same_place(connection, namespace):
-                continue  # seen through another Target of that cluster, where it stays
-            left.append(pod)
+            left = [d for d in map(self._leftover, cached, repeat(connection)) if d]
         return left
+
+    def _leftover(self, pod: object, connection: TargetConnection) -> dict | None:
+        """The name and uid of ``pod`` if it is a delegate of ours to delete with its target."""
+        meta = pod.get("metadata") if type(pod) is dict else None
+        if type(meta) is not dict:
+            return None
+        try:
+            namespace = meta.get("namespace") or ""
+            if (
+                meta.get("deletionTimestamp")
+                or not connection.allows(namespace)
+                or not looks_like_delegate(pod, self.cluster_name)  # type: ignore[arg-type]
+            ):
+                return None
+            proxy = self.lookup.proxy(parent_uid(pod))  # type: ignore[arg-type]
+        except (AttributeError, TypeError):
+            return None  # fields of the wrong types: not ours
+        home = self.lookup.home(proxy) if proxy is not None else None
+        if home is not None and home.same_place(connection, namespace):
+            return None  # seen through another Target of that cluster, where it stays
+        return {"metadata": {"name": meta["name"], "namespace": namespace, "uid": meta.get("uid")}}
 
     async def release_node(self, node: str) -> None:
         """The node of a target deleted while no agent led: its delegates cannot be found any

@@ -5,6 +5,7 @@ an event of a Service concerns. Pure: no cluster."""
 from __future__ import annotations
 
 import copy
+import re
 
 import orjson
 from hypothesis import given
@@ -16,12 +17,14 @@ from multicluster.informer import ADDED, DELETED, MODIFIED
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.copies import LAST_APPLIED, MANAGED_KEYS, finalizer_patch
 from multicluster_scheduler.api.ingresses import (
+    DEFAULT_REFUSED_ANNOTATIONS,
     MARKS,
     backend_services,
     copy_differs,
     copy_update,
     desired_copy,
     follows,
+    refused_annotations,
 )
 from multicluster_scheduler.api.parents import is_copy_of
 from multicluster_scheduler.services.ingresses import BACKEND_INDEX, IngressSync, global_changed
@@ -131,8 +134,10 @@ def test_an_ingress_follows_when_one_backend_service_is_global():
     assert not follows(ingress(), lookup(svc("nginx"))), "no rule"
 
 
-def test_a_service_copy_of_another_source_counts_as_global_as_upstream():
-    assert follows(ingress("nginx"), lookup(svc("nginx", copy_of_another=True)))
+def test_a_service_copied_in_from_another_source_does_not_make_an_ingress_follow():
+    """Upstream follows it; here nobody of this cluster opted in: a tenant of another cluster
+    would otherwise make this cluster's Ingresses follow, with our finalizer."""
+    assert not follows(ingress("nginx"), lookup(svc("nginx", copy_of_another=True)))
 
 
 def test_copies_never_follow():
@@ -339,6 +344,34 @@ async def test_a_service_event_concerns_the_ingresses_that_name_it():
     store.put("ns/web", ingress("api", name="web"))  # the rule to nginx removed
     assert made._ingresses_naming("local", svc("nginx")) == []
     assert made.ingresses.by_index(BACKEND_INDEX, "ns/api")
+
+
+def test_annotations_that_configure_ingress_controllers_are_refused():
+    snippets = re.compile(DEFAULT_REFUSED_ANNOTATIONS)
+    raw = ingress(
+        "nginx",
+        **{
+            "nginx.ingress.kubernetes.io/server-snippet": "x",
+            "nginx.ingress.kubernetes.io/configuration-snippet": "y",
+            "nginx.ingress.kubernetes.io/rewrite-target": "/",
+        },
+    )
+    assert refused_annotations(raw, snippets) == [
+        "nginx.ingress.kubernetes.io/configuration-snippet",
+        "nginx.ingress.kubernetes.io/server-snippet",
+    ]
+    assert refused_annotations(raw, None) == []
+    assert refused_annotations(ingress("nginx", foo="snippet"), snippets) == [], "keys only"
+
+
+async def test_an_ingress_with_a_refused_annotation_does_not_follow():
+    made = sync()
+    made.refused = re.compile(DEFAULT_REFUSED_ANNOTATIONS)
+    made.services.store.put("ns/nginx", svc("nginx"))
+    assert made._follows(ingress("nginx"))
+    raw = ingress("nginx", **{"nginx.ingress.kubernetes.io/auth-snippet": "x"})
+    assert made._routes_to_global(raw)
+    assert not made._follows(raw)
 
 
 def test_services_matter_when_they_become_or_stop_being_global():

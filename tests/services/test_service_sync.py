@@ -179,12 +179,18 @@ class World:
         """``namespace`` labelled multicluster-scheduler=enabled."""
         self.sync.enabled.store.put(namespace, {"metadata": {"name": namespace}})
 
-    def connect(self, name: str, target: Cluster | None = None) -> TargetConnection:
+    def connect(
+        self, name: str, target: Cluster | None = None, *, cluster_target: bool = False
+    ) -> TargetConnection:
         api = None
         if target is None:
             target, api = cluster(name)
         connection = TargetConnection(
-            kind="Target", name=name, namespace=NS, cluster=target, ready=True
+            kind="ClusterTarget" if cluster_target else "Target",
+            name=name,
+            namespace=None if cluster_target else NS,
+            cluster=target,
+            ready=True,
         )
         self.registry.connections[connection.node_name] = connection
         self.registry.connected(connection)
@@ -201,7 +207,7 @@ class World:
         self.sync.proxies.store.put(f"{NS}/{pod['metadata']['name']}", pod)
 
     async def reconcile(self, name: str = "nginx"):
-        return await self.sync.reconcile(self.sync._request(NS, name))
+        return await self.sync.reconcile(self.sync.copies.request(NS, name))
 
     def original(self, name: str = "nginx") -> dict | None:
         return self.api.objects.get((NS, name))
@@ -345,6 +351,23 @@ async def test_a_finalizer_someone_put_on_a_copy_keeps_the_original_from_nobody(
     assert world.original() is None, "finalizer removed, service gone"
 
 
+async def test_a_target_answering_409_to_deletes_keeps_no_original_terminating(world: World):
+    """A uid precondition that fails means the copy is gone: what has its name is not ours. A
+    target that always says so (hostile, or replaced the object) must not hold the original."""
+    world.add_proxy(proxy("nginx-1", app="nginx"))
+    world.api.add(service())
+    await world.reconcile()
+    c2 = world.targets["c2"]
+
+    async def conflict(*_args, **_kwargs):
+        raise Conflict("the object has been modified")
+
+    c2.delete = conflict  # type: ignore[method-assign]
+    await world.api.delete(SERVICES, "nginx", NS)
+    await world.reconcile()
+    assert world.original() is None, "finalizer removed, service gone"
+
+
 async def test_a_service_no_longer_global_loses_its_copies_and_finalizer(world: World):
     world.api.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
     await world.reconcile("db")
@@ -390,6 +413,42 @@ async def test_one_broken_target_does_not_hold_back_the_others(world: World):
     assert ("db", "Warning", "CopyFailed") in world.events.seen
 
 
+async def test_a_target_that_holds_requests_holds_two_workers_at_most(world: World):
+    """Copies a hostile target claims are ours, whose DELETEs it holds: two reconciles wait on
+    it; the others return at once (to back off) and other originals are not held back."""
+    c2 = world.targets["c2"]
+    held = asyncio.Event()
+    waiting = 0
+
+    async def hold(*_args, **_kwargs):
+        nonlocal waiting
+        waiting += 1
+        await held.wait()
+
+    for i in range(5):
+        forged = service(f"forged-{i}")
+        forged["metadata"]["labels"] = {keys.PARENT_UID: "any"}
+        forged["metadata"]["annotations"] = {
+            keys.IS_DELEGATE: "",
+            keys.PARENT_NAME: f"forged-{i}",
+            keys.PARENT_NAMESPACE: NS,
+            keys.PARENT_CLUSTER_NAME: CLUSTER,
+        }
+        c2.add(forged)
+    c2.delete = hold  # type: ignore[method-assign]
+    held_back = [asyncio.create_task(world.reconcile(f"forged-{i}")) for i in range(2)]
+    await until(lambda: waiting == 2)
+    for i in range(2, 5):
+        assert (await world.reconcile(f"forged-{i}")).requeue, "no slot: back off"
+    assert waiting == 2
+    world.connect("c3", cluster_target=True)
+    world.api.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
+    assert (await world.reconcile("db")).requeue, "c2's copy waits for a slot"
+    assert (NS, "db") in world.targets["c3"].objects, "another owner's target is not held back"
+    held.set()
+    assert [await t for t in held_back] == [None, None]
+
+
 async def test_unknown_targets_are_retried_but_never_hold_a_finalizer(world: World):
     unknown = world.connect("c4")
     world.sync.copies.informers[unknown.node_name]._synced.clear()
@@ -408,7 +467,7 @@ async def test_copies_and_excluded_namespaces_are_never_touched(world: World):
     assert await world.reconcile("x") is None
     assert world.api.writes == [], "a copy made by another source is not ours to change"
     system = ServiceSync(world.local, world.registry, cluster_name=CLUSTER)
-    assert await system.reconcile(system._request("kube-system", "kube-dns")) is None
+    assert await system.reconcile(system.copies.request("kube-system", "kube-dns")) is None
 
 
 async def test_proxy_pods_enqueue_the_services_that_select_them(world: World):
