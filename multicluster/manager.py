@@ -130,6 +130,7 @@ class Manager:
                 loop.add_signal_handler(sig, self.stop)
         self._running = True
         tasks: list[asyncio.Task] = []  # the manager ends when one of these does
+        self._spawn(metrics.watch_loop_lag())
         try:
             if self.health_port is not None:
                 await self._start_health()

@@ -6,7 +6,12 @@ Names follow controller-runtime's where one exists (``workqueue_depth``,
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -73,6 +78,30 @@ CLUSTER_SYNCED = Gauge(
     ["cluster"],
     registry=REGISTRY,
 )
+
+
+LOOP_LAG = Histogram(
+    "event_loop_lag_seconds",
+    "How late the event loop ran a timer: time when no callback could run (CPU starved, or "
+    "blocked by a callback).",
+    registry=REGISTRY,
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+LAG_PERIOD = 0.5
+LAG_WARNING = 1.0
+
+
+async def watch_loop_lag(period: float = LAG_PERIOD, warn_after: float = LAG_WARNING) -> None:
+    """Measure, every ``period``, how late the loop wakes up; log a warning past
+    ``warn_after`` seconds (a renewal or a webhook answer was late by as much)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        expected = loop.time() + period
+        await asyncio.sleep(period)
+        lag = max(0.0, loop.time() - expected)
+        LOOP_LAG.observe(lag)
+        if lag >= warn_after:
+            log.warning("event loop late by %.1fs: CPU starved or blocked", lag)
 
 
 def exposition() -> bytes:
