@@ -49,6 +49,24 @@ def test_helm_template_needs_no_flags_and_old_clusters_are_refused(bin_dir):
     assert "needs Kubernetes 1.30 or later, not v1.29.9" in old.stderr
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("agent.replica=3", "additional properties 'replica' not allowed"),
+        ("agent.logLevel=verbose", "value must be one of 'debug', 'info', 'warning', 'error'"),
+        ("scheduler.delegateTimeout=30", "got number, want string"),
+        ("agent.leaderElection.leaseDuration=15 seconds", "does not match pattern"),
+        ("webhook.url=http://127.0.0.1:9/m", "does not match pattern"),
+        ("targets.maxPerNamespace=-1", "minimum"),
+    ],
+)
+def test_values_are_checked(bin_dir, value, said):
+    """A typo or a wrong type is refused by helm with where and why (values.schema.json)."""
+    proc = helm(bin_dir, "template", RELEASE, str(CHART), "--set", value)
+    assert proc.returncode != 0
+    assert said in proc.stderr
+
+
 def test_notes_say_what_to_do_next(installation: Installation):
     """What helm prints after installing, against a real cluster (its version checked too)."""
     out = installation.helm(
