@@ -34,8 +34,49 @@ def render(bin_dir, *values: str) -> list[dict]:
 
 
 def test_chart_lints(bin_dir):
-    proc = helm(bin_dir, "lint", str(CHART), "--kube-version", "1.36.0")
+    proc = helm(bin_dir, "lint", "--strict", str(CHART), "--kube-version", "1.36.0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_helm_template_needs_no_flags_and_old_clusters_are_refused(bin_dir):
+    """`helm template` assumes Kubernetes 1.20 when not told: it renders all the same; a cluster
+    older than 1.30 (no v1 ValidatingAdmissionPolicy) is refused with its version."""
+    plain = helm(bin_dir, "template", RELEASE, str(CHART), "-n", NAMESPACE)
+    assert plain.returncode == 0, plain.stderr
+    assert "kind: Deployment" in plain.stdout
+    old = helm(bin_dir, "template", RELEASE, str(CHART), "--kube-version", "1.29.9")
+    assert old.returncode != 0
+    assert "needs Kubernetes 1.30 or later, not v1.29.9" in old.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("agent.replica=3", "additional properties 'replica' not allowed"),
+        ("agent.logLevel=verbose", "value must be one of 'debug', 'info', 'warning', 'error'"),
+        ("scheduler.delegateTimeout=30", "got number, want string"),
+        ("agent.leaderElection.leaseDuration=15 seconds", "does not match pattern"),
+        ("webhook.url=http://127.0.0.1:9/m", "does not match pattern"),
+        ("targets.maxPerNamespace=-1", "minimum"),
+    ],
+)
+def test_values_are_checked(bin_dir, value, said):
+    """A typo or a wrong type is refused by helm with where and why (values.schema.json)."""
+    proc = helm(bin_dir, "template", RELEASE, str(CHART), "--set", value)
+    assert proc.returncode != 0
+    assert said in proc.stderr
+
+
+def test_notes_say_what_to_do_next(installation: Installation):
+    """What helm prints after installing, against a real cluster (its version checked too)."""
+    out = installation.helm(
+        "cluster1", "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values",
+        "--dry-run=server",
+    )  # fmt: skip
+    notes = out.partition("NOTES:")[2]
+    assert "multicluster-scheduler join --source-context" in notes
+    assert "multicluster-scheduler export" in notes
+    assert "kubectl label namespace default multicluster-scheduler=enabled" in notes
 
 
 @pytest.mark.parametrize(

@@ -1,3 +1,15 @@
+{{- /*
+Kubernetes 1.30 or later (the chart's ValidatingAdmissionPolicies are v1). Not a kubeVersion in
+Chart.yaml: `helm template` assumes Kubernetes 1.20 unless told otherwise, and would refuse to
+render; here that assumed version (v1.20.0 exactly, which nobody runs) passes, and a real
+cluster's is checked. Included by serviceaccount.yaml.
+*/ -}}
+{{- define "mcs.checkKubernetes" -}}
+{{- $version := .Capabilities.KubeVersion.Version -}}
+{{- if and (ne $version "v1.20.0") (not (semverCompare ">=1.30.0-0" $version)) -}}
+{{- fail (printf "multicluster-scheduler needs Kubernetes 1.30 or later, not %s" $version) -}}
+{{- end -}}
+{{- end -}}
 {{- define "mcs.fullname" -}}
 {{- if contains .Chart.Name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
