@@ -1,8 +1,9 @@
 """Delegates kept alive while their source is away (target side, leader only).
 
-This cluster's agent caches, of every pod with a ``parent-uid`` label here, what recreating it
-needs when it is the delegate of another cluster and restarts always, and the heartbeat Leases
-that source clusters renew here (:mod:`..api.keepalive`). When such a delegate is deleted, it is
+This cluster's agent caches the heartbeat Leases that source clusters renew here
+(:mod:`..api.keepalive`) and, in each namespace where another cluster's heartbeat is, of every
+pod with a ``parent-uid`` label, what recreating it needs when it is the delegate of another
+cluster and restarts always. When such a delegate is deleted, it is
 noted; every few seconds each noted delegate is looked at:
 
 - a pod of that name exists again (its source replaced it, or someone did): forgotten;
@@ -26,7 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from multicluster import AlreadyExists, ApiError, Cluster, Unreachable
+from multicluster import AlreadyExists, ApiError, Cluster, Informer, Unreachable
 from multicluster.errors import ServerError, TooManyRequests
 from multicluster.events import EventRecorder
 from multicluster.informer import DELETED
@@ -62,13 +63,14 @@ class DelegateKeeper:
     def __init__(self, local: Cluster, cluster_name: str) -> None:
         self.local = local
         self.cluster_name = cluster_name
-        self.pods = local.informer(
-            PODS, label_selector=DELEGATE_LABEL_SELECTOR, transform=self._kept
-        )
         self.leases = local.informer(LEASES, label_selector=HEARTBEAT_LABEL)
+        # Pods are watched only in namespaces where another cluster's heartbeat is: a source
+        # that places no delegate here costs nothing (its own delegates are watched already).
+        self.pods: dict[str, Informer] = {}  # by namespace
         self.events = EventRecorder(local.client, "admiralty-keeper")
         self.missing: dict[tuple[str, str], Missing] = {}
         self.heartbeats: dict[tuple[str, str], float] = {}  # (namespace, source) → when seen
+        self._removing: set[asyncio.Task] = set()
 
     def _kept(self, pod: dict) -> dict:
         return kept(pod, self.cluster_name)
@@ -82,26 +84,50 @@ class DelegateKeeper:
 
     def _lease_event(self, event: str, lease: dict, _old: dict | None, _initial: bool) -> None:
         source = heartbeat_source(lease)
-        if source is None:
+        if source is None or source == self.cluster_name:
             return
-        key = (lease["metadata"]["namespace"], source)
+        namespace = lease["metadata"]["namespace"]
+        key = (namespace, source)
         if event == DELETED:
             self.heartbeats.pop(key, None)
+            if not any(ns == namespace for ns, _ in self.heartbeats):
+                self._unwatch(namespace)
         else:
             self.heartbeats[key] = time.monotonic()
+            self._watch(namespace)
+
+    def _watch(self, namespace: str) -> None:
+        if namespace in self.pods:
+            return
+        pods = self.local.informer(
+            PODS, namespace, label_selector=DELEGATE_LABEL_SELECTOR, transform=self._kept
+        )
+        pods.add_handler(self._pod_event)
+        self.pods[namespace] = pods
+
+    def _unwatch(self, namespace: str) -> None:
+        pods = self.pods.pop(namespace, None)
+        if pods is None:
+            return
+        pods.remove_handler(self._pod_event)
+        task = asyncio.get_running_loop().create_task(self.local.remove_informer(pods))
+        self._removing.add(task)
+        task.add_done_callback(self._removing.discard)
+        for key in [k for k in self.missing if k[0] == namespace]:
+            del self.missing[key]
 
     async def run(self) -> None:
         """While leading: note what goes, and decide about it every :data:`LOOK_EVERY`."""
         self.leases.add_handler(self._lease_event)  # replays the cached ones: seen now
-        self.pods.add_handler(self._pod_event)
         try:
-            await asyncio.gather(self.pods.wait_synced(), self.leases.wait_synced())
+            await self.leases.wait_synced()
             while True:
                 await asyncio.sleep(LOOK_EVERY)
                 await self.look()
         finally:
-            self.pods.remove_handler(self._pod_event)
             self.leases.remove_handler(self._lease_event)
+            for namespace in list(self.pods):
+                self._unwatch(namespace)
             self.missing.clear()
             self.heartbeats.clear()
 
@@ -110,7 +136,8 @@ class DelegateKeeper:
         now = time.monotonic()
         for key, missing in list(self.missing.items()):
             namespace, name = key
-            if self.pods.get(name, namespace) is not None:
+            pods = self.pods.get(namespace)
+            if pods is None or pods.get(name, namespace) is not None:
                 del self.missing[key]
                 continue
             source = missing.pod["source"]
