@@ -175,7 +175,7 @@ class Follower:
             meta = copy["metadata"]
             if event == DELETED:
                 self._written.pop((node, meta["namespace"], meta["name"]), None)
-            if is_ours(copy, self.cluster_name):
+            if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
                 queue.add(self._request(meta["namespace"], meta["name"]), low_priority=initial)
 
         connection.delegates.add_handler(on_delegate)
@@ -198,8 +198,8 @@ class Follower:
     def resync(self) -> None:
         """Look again at every copy of ours in every target (from the caches): a watch that
         resumed after an outage sends no event for copies whose source went meanwhile."""
-        for copies in list(self.copies.values()):
-            self._resync_copies(copies)
+        for node, copies in list(self.copies.items()):
+            self._resync_copies(node, copies)
 
     def resync_recovered(self) -> None:
         """Look again at the copies of each target whose caches just recovered from an error:
@@ -213,12 +213,15 @@ class Follower:
                 log.info(
                     "copies looked at again kind=%s target=%s: caches recovered", self.kind, node
                 )
-                self._resync_copies(copies)
+                self._resync_copies(node, copies)
 
-    def _resync_copies(self, copies: Informer) -> None:
+    def _resync_copies(self, node: str, copies: Informer) -> None:
+        connection = self.registry.by_node(node)
+        if connection is None:
+            return
         for copy in copies.list():
             meta = copy["metadata"]
-            if is_ours(copy, self.cluster_name):
+            if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
                 self.controller.queue.add(
                     self._request(meta["namespace"], meta["name"]), low_priority=True
                 )

@@ -449,6 +449,16 @@ async def test_a_target_that_holds_requests_holds_two_workers_at_most(world: Wor
     assert [await t for t in held_back] == [None, None]
 
 
+async def test_a_global_external_name_service_is_never_copied(world: World):
+    alias = service("alias", **{keys.GLOBAL: "true"})
+    alias["spec"] = {"type": "ExternalName", "externalName": "kubernetes.default.svc"}
+    world.api.add(alias)
+    assert await world.reconcile("alias") is None
+    assert (NS, "alias") not in world.targets["c2"].objects
+    assert ("alias", "Warning", "NotCopied") in world.events.seen
+    assert not world.original("alias")["metadata"].get("finalizers")
+
+
 async def test_unknown_targets_are_retried_but_never_hold_a_finalizer(world: World):
     unknown = world.connect("c4")
     world.sync.copies.informers[unknown.node_name]._synced.clear()
