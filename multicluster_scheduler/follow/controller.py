@@ -176,7 +176,9 @@ class Follower:
             if event == DELETED:
                 self._written.pop((node, meta["namespace"], meta["name"]), None)
             if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
-                queue.add(self._request(meta["namespace"], meta["name"]), low_priority=initial)
+                request = self._request(meta["namespace"], meta["name"])
+                if not queue.failures(request):  # else retried with backoff already
+                    queue.add(request, low_priority=initial)
 
         connection.delegates.add_handler(on_delegate)
         copies.add_handler(on_copy)

@@ -183,7 +183,11 @@ class TargetCopies:
             # A namespaced Target's server may claim objects of any namespace: only those of
             # its own are looked at (others are no business of this target).
             if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
-                queue.add(self.request(meta["namespace"], meta["name"]), low_priority=initial)
+                request = self.request(meta["namespace"], meta["name"])
+                # One failing is retried with backoff already: a target that keeps changing
+                # it must not make it retry at the rate of its events.
+                if not queue.failures(request):
+                    queue.add(request, low_priority=initial)
 
         copies.add_handler(on_copy)
         self.informers[node] = copies
