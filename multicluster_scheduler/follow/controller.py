@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -40,6 +39,7 @@ from multicluster import (
 from multicluster.events import EventRecorder
 from multicluster.gc import has_finalizer, is_deleting
 from multicluster.informer import DELETED, MODIFIED
+from multicluster.kubetime import parse_time
 from multicluster.resources import CONFIGMAPS, SECRETS, Resource
 
 from ..api import keys
@@ -76,10 +76,9 @@ Key = tuple[str, str, str]  # (virtual node, namespace, name)
 
 
 def _age(obj: dict) -> float:
-    created = obj["metadata"].get("creationTimestamp")
-    if not created:
+    then = parse_time(obj["metadata"].get("creationTimestamp"))
+    if then is None:
         return GRACE
-    then = dt.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     return time.time() - then.timestamp()
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 
 from multicluster import AlreadyExists, ApiError, Cluster, Forbidden, NotFound
+from multicluster.kubetime import format_micro_time
 from multicluster.resources import LEASES
 
 from ..api.keepalive import HEARTBEAT_PERIOD, heartbeat_lease, heartbeat_name
@@ -30,7 +30,7 @@ RENEW_TIMEOUT = 5.0
 
 
 def _micro_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_micro_time()
 
 
 class SourceHeartbeat:

@@ -22,7 +22,6 @@ when they were), which delays a recreation by :data:`..api.keepalive.AWAY` at mo
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from multicluster import AlreadyExists, ApiError, Cluster, Informer, Unreachable
 from multicluster.errors import ServerError, TooManyRequests
 from multicluster.events import EventRecorder
 from multicluster.informer import DELETED
+from multicluster.kubetime import format_time
 from multicluster.resources import LEASES, PODS
 
 from ..api import keys
@@ -50,7 +50,7 @@ LOOK_EVERY = 5.0
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time()
 
 
 @dataclass
