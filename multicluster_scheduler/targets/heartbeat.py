@@ -27,6 +27,7 @@ from .registry import TargetConnection, TargetRegistry
 
 log = logging.getLogger(__name__)
 RENEW_TIMEOUT = 5.0
+MAX_NAMESPACES = 1000  # heartbeats per ClusterTarget: each is a write every period
 
 
 def _micro_now() -> str:
@@ -48,11 +49,18 @@ class SourceHeartbeat:
         delegates = connection.delegates
         if delegates is None:
             return set()
-        return {
-            d["metadata"]["namespace"]
-            for d in delegates.list()
-            if parent_cluster(d) == self.cluster_name
-        }
+        found = set()
+        for delegate in delegates.list():  # as the target sent them: anything may be missing
+            namespace = (delegate.get("metadata") or {}).get("namespace")
+            if (
+                isinstance(namespace, str)
+                and namespace
+                and parent_cluster(delegate) == (self.cluster_name)
+            ):
+                found.add(namespace)
+            if len(found) >= MAX_NAMESPACES:
+                break
+        return found
 
     async def _removing(self, connection: TargetConnection) -> None:
         """A Target is deleted: its heartbeats go first, so that the delegates deleted with it
@@ -74,7 +82,10 @@ class SourceHeartbeat:
 
     async def run(self) -> None:
         while True:
-            await self.beat()
+            try:
+                await self.beat()
+            except Exception:  # a heartbeat is a courtesy: it never ends the agent
+                log.exception("heartbeats not renewed")
             await asyncio.sleep(HEARTBEAT_PERIOD)
 
     async def beat(self) -> None:
