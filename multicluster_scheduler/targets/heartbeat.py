@@ -5,7 +5,9 @@ can tell a source that is away (and keep its delegates alive) from one that is t
 decides itself what becomes of a deleted delegate). :mod:`..api.keepalive` says why.
 
 The namespaces: a namespaced Target's own; for a ClusterTarget, those where the target holds
-delegates of this cluster. Self targets need none (the source is the target). A target whose
+delegates of this cluster, and for :data:`LINGER` seconds after the last one there went (so
+that the target sees this cluster there after it deleted them itself), then the heartbeat is
+deleted. Self targets need none (the source is the target). A target whose
 Source role does not grant Leases (a chart older than this one) answers 403: its delegates are
 simply not kept alive while this cluster is away, as before, and the agent says so once.
 When a Target is deleted, its heartbeats are deleted before its delegates.
@@ -16,17 +18,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from multicluster import AlreadyExists, ApiError, Cluster, Forbidden, NotFound
 from multicluster.kubetime import format_micro_time
 from multicluster.resources import LEASES
 
-from ..api.keepalive import HEARTBEAT_PERIOD, heartbeat_lease, heartbeat_name
+from ..api.keepalive import AWAY, HEARTBEAT_PERIOD, heartbeat_lease, heartbeat_name
 from ..api.proxy import parent_cluster
 from .registry import TargetConnection, TargetRegistry
 
 log = logging.getLogger(__name__)
 RENEW_TIMEOUT = 5.0
+REMOVAL_TIMEOUT = 10.0
+CONCURRENCY = 8  # requests at once to one target
+LINGER = AWAY + 2 * HEARTBEAT_PERIOD  # a namespace's heartbeat outlives its last delegate
 MAX_NAMESPACES = 1000  # heartbeats per ClusterTarget: each is a write every period
 
 
@@ -40,10 +46,14 @@ class SourceHeartbeat:
         self.registry = registry
         self.cluster_name = cluster_name
         self._refused: set[str] = set()  # targets (nodes) whose answer was 403, said once
+        # (node, namespace) → when a delegate of this cluster was last seen there (monotonic)
+        self._last_used: dict[tuple[str, str], float] = {}
+        self._seeded: set[str] = set()  # ClusterTargets whose earlier heartbeats were listed
         registry.on_removing(self._removing)
 
     def namespaces(self, connection: TargetConnection) -> set[str]:
-        """Where ``connection``'s target holds, or may hold, delegates of this cluster."""
+        """Where ``connection``'s target holds delegates of this cluster now (a namespaced
+        Target: its namespace, always)."""
         if connection.namespace:
             return {connection.namespace}
         delegates = connection.delegates
@@ -55,29 +65,62 @@ class SourceHeartbeat:
             if (
                 isinstance(namespace, str)
                 and namespace
-                and parent_cluster(delegate) == (self.cluster_name)
+                and parent_cluster(delegate) == self.cluster_name
             ):
                 found.add(namespace)
             if len(found) >= MAX_NAMESPACES:
                 break
         return found
 
+    def plan(self, connection: TargetConnection, now: float) -> tuple[set[str], set[str]]:
+        """The namespaces whose heartbeat is to be renewed, and those whose heartbeat is to go.
+
+        A ClusterTarget's namespace keeps its heartbeat for :data:`LINGER` seconds after its
+        last delegate went: the delegates this cluster deleted itself (a scale to zero, say)
+        must be seen deleted while it is there, or the target would take them for delegates
+        deleted while it is away, and create them again."""
+        node = connection.node_name
+        for namespace in self.namespaces(connection):
+            self._last_used[(node, namespace)] = now
+        renew, expired = set(), set()
+        for (at, namespace), used in self._last_used.items():
+            if at == node:
+                (renew if now - used <= LINGER else expired).add(namespace)
+        if connection.namespace:
+            renew.add(connection.namespace)
+        return renew, expired
+
     async def _removing(self, connection: TargetConnection) -> None:
         """A Target is deleted: its heartbeats go first, so that the delegates deleted with it
         are not taken for ones deleted while this cluster is away."""
-        if connection.cluster is None or connection.cluster is self.local:
+        node = connection.node_name
+        namespaces = self.namespaces(connection) | {ns for at, ns in self._last_used if at == node}
+        for key in [k for k in self._last_used if k[0] == node]:
+            del self._last_used[key]
+        self._refused.discard(node)
+        self._seeded.discard(node)
+        if connection.cluster is None or connection.cluster is self.local or not namespaces:
             return
         client = connection.cluster.client
         name = heartbeat_name(self.cluster_name)
-        try:
-            async with asyncio.timeout(RENEW_TIMEOUT):
-                for namespace in sorted(self.namespaces(connection)):
-                    await client.delete(LEASES, name, namespace, missing_ok=True)
-        except (ApiError, TimeoutError) as e:
-            log.info(
-                "heartbeat not deleted with its target target=%s error=%s",
-                connection.node_name,
-                e or "timed out",
+        at_once = asyncio.Semaphore(CONCURRENCY)
+
+        async def delete(namespace: str) -> None:
+            async with at_once:
+                await client.delete(LEASES, name, namespace, missing_ok=True)
+
+        results = []
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(REMOVAL_TIMEOUT):
+                results = await asyncio.gather(
+                    *(delete(ns) for ns in namespaces), return_exceptions=True
+                )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors or len(results) < len(namespaces):
+            log.warning(
+                "heartbeats not all deleted with their target target=%s error=%s",
+                node,
+                errors[0] if errors else "timed out",
             )
 
     async def run(self) -> None:
@@ -97,13 +140,58 @@ class SourceHeartbeat:
         ]
         await asyncio.gather(*(self._beat(c) for c in connections))
 
-    async def _beat(self, connection: TargetConnection) -> None:
+    async def _seed(self, connection: TargetConnection) -> None:
+        """After this agent (re)starts, a ClusterTarget's heartbeats left from before are found
+        (a scale to zero just before a restart would otherwise leave its namespace's heartbeat
+        unrenewed, and its delegates recreated): they linger, and go, as if just used."""
         node = connection.node_name
+        if connection.namespace or node in self._seeded:
+            return
         try:
             async with asyncio.timeout(RENEW_TIMEOUT):
-                for namespace in sorted(self.namespaces(connection)):
-                    await self._renew(connection, namespace)
+                found, _ = await connection.cluster.client.list(  # type: ignore[union-attr]
+                    LEASES, field_selector=f"metadata.name={heartbeat_name(self.cluster_name)}"
+                )
         except Forbidden:
+            found = []  # an older Source role: only what it uses from now on is known
+        except (ApiError, TimeoutError):
+            return  # tried again next time
+        now = time.monotonic()
+        for lease in found[:MAX_NAMESPACES]:
+            namespace = (lease.get("metadata") or {}).get("namespace")
+            if isinstance(namespace, str) and namespace:
+                self._last_used.setdefault((node, namespace), now)
+        self._seeded.add(node)
+
+    async def _beat(self, connection: TargetConnection) -> None:
+        node = connection.node_name
+        await self._seed(connection)
+        renew, expired = self.plan(connection, time.monotonic())
+        at_once = asyncio.Semaphore(CONCURRENCY)
+
+        async def renew_one(namespace: str) -> None:
+            async with at_once:
+                await self._renew(connection, namespace)
+
+        async def expire_one(namespace: str) -> None:
+            async with at_once:
+                await connection.cluster.client.delete(  # type: ignore[union-attr]
+                    LEASES, heartbeat_name(self.cluster_name), namespace, missing_ok=True
+                )
+            self._last_used.pop((node, namespace), None)
+
+        try:
+            async with asyncio.timeout(RENEW_TIMEOUT):
+                results = await asyncio.gather(
+                    *(renew_one(ns) for ns in renew),
+                    *(expire_one(ns) for ns in expired),
+                    return_exceptions=True,
+                )
+        except TimeoutError:
+            log.debug("heartbeats not all renewed in time target=%s", node)
+            return
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if any(isinstance(e, Forbidden) for e in errors):
             if node not in self._refused:
                 self._refused.add(node)
                 log.info(
@@ -113,8 +201,8 @@ class SourceHeartbeat:
                     node,
                 )
             return
-        except (ApiError, TimeoutError) as e:
-            log.debug("heartbeat not renewed target=%s error=%s", node, e or "timed out")
+        if errors:
+            log.debug("heartbeat not renewed target=%s error=%s", node, errors[0])
             return
         self._refused.discard(node)
 
@@ -125,6 +213,8 @@ class SourceHeartbeat:
         try:
             await client.patch(LEASES, name, {"spec": {"renewTime": now}}, namespace)
         except NotFound:
+            if self.registry.connections.get(connection.node_name) is not connection:
+                return  # its Target is being deleted: its heartbeat is not made again
             lease = heartbeat_lease(self.cluster_name, namespace, now)
             with contextlib.suppress(AlreadyExists):
                 await client.create(LEASES, lease, namespace)

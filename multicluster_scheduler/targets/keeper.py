@@ -47,10 +47,15 @@ from ..api.proxy import DELEGATE_LABEL_SELECTOR, pod_reference
 
 log = logging.getLogger(__name__)
 LOOK_EVERY = 5.0
+MAX_RECREATIONS = 50  # per look: 10 a second at most
 
 
 def _now() -> str:
     return format_time()
+
+
+def _renew_time(lease: dict) -> object:
+    return (lease.get("spec") or {}).get("renewTime")
 
 
 @dataclass
@@ -71,6 +76,7 @@ class DelegateKeeper:
         self.missing: dict[tuple[str, str], Missing] = {}
         self.heartbeats: dict[tuple[str, str], float] = {}  # (namespace, source) → when seen
         self._removing: set[asyncio.Task] = set()
+        self._lease_sources: dict[tuple[str, str], str] = {}  # (namespace, name) → source
 
     def _kept(self, pod: dict) -> dict:
         return kept(pod, self.cluster_name)
@@ -82,19 +88,34 @@ class DelegateKeeper:
         key = (meta["namespace"], meta["name"])
         self.missing[key] = Missing(pod, time.monotonic())
 
-    def _lease_event(self, event: str, lease: dict, _old: dict | None, _initial: bool) -> None:
+    def _lease_event(self, event: str, lease: dict, old: dict | None, initial: bool) -> None:
+        """A heartbeat seen: renewed (its ``renewTime`` changed, or first seen), or gone (deleted,
+        being deleted, or no longer a heartbeat of that source: its entry goes with it)."""
+        meta = lease["metadata"]
+        lease_key = (meta["namespace"], meta["name"])
         source = heartbeat_source(lease)
-        if source is None or source == self.cluster_name:
+        gone = event == DELETED or meta.get("deletionTimestamp") or source is None
+        before = self._lease_sources.get(lease_key)
+        if before is not None and (gone or before != source):
+            self._lease_sources.pop(lease_key, None)
+            self._forget_heartbeat(meta["namespace"], before)
+        if gone or source == self.cluster_name:
             return
-        namespace = lease["metadata"]["namespace"]
-        key = (namespace, source)
-        if event == DELETED:
-            self.heartbeats.pop(key, None)
-            if not any(ns == namespace for ns, _ in self.heartbeats):
-                self._unwatch(namespace)
-        else:
-            self.heartbeats[key] = time.monotonic()
-            self._watch(namespace)
+        self._lease_sources[lease_key] = source
+        renewed = (
+            before is None
+            or old is None
+            or (old.get("spec") or {}).get("renewTime")
+            != (lease.get("spec") or {}).get("renewTime")
+        )
+        if renewed:
+            self.heartbeats[(meta["namespace"], source)] = time.monotonic()
+        self._watch(meta["namespace"])
+
+    def _forget_heartbeat(self, namespace: str, source: str) -> None:
+        self.heartbeats.pop((namespace, source), None)
+        if not any(ns == namespace for ns, _ in self.heartbeats):
+            self._unwatch(namespace)
 
     def _watch(self, namespace: str) -> None:
         if namespace in self.pods:
@@ -110,7 +131,8 @@ class DelegateKeeper:
         if pods is None:
             return
         pods.remove_handler(self._pod_event)
-        task = asyncio.get_running_loop().create_task(self.local.remove_informer(pods))
+        self.local.forget_informer(pods)  # at once: a heartbeat back soon gets a new one
+        task = asyncio.get_running_loop().create_task(pods.stop())
         self._removing.add(task)
         task.add_done_callback(self._removing.discard)
         for key in [k for k in self.missing if k[0] == namespace]:
@@ -123,17 +145,24 @@ class DelegateKeeper:
             await self.leases.wait_synced()
             while True:
                 await asyncio.sleep(LOOK_EVERY)
-                await self.look()
+                try:
+                    await self.look()
+                except Exception:  # keeping delegates alive is a courtesy: never fatal
+                    log.exception("delegates gone not looked at")
         finally:
             self.leases.remove_handler(self._lease_event)
             for namespace in list(self.pods):
                 self._unwatch(namespace)
             self.missing.clear()
             self.heartbeats.clear()
+            self._lease_sources.clear()
 
     async def look(self) -> None:
-        """Decide about each delegate gone (see the module's docstring)."""
+        """Decide about each delegate gone (see the module's docstring), recreating
+        :data:`MAX_RECREATIONS` at most each time (whoever forged heartbeats and deleted
+        hundreds of pods gets them back at that rate)."""
         now = time.monotonic()
+        recreations = 0
         for key, missing in list(self.missing.items()):
             namespace, name = key
             pods = self.pods.get(namespace)
@@ -144,7 +173,8 @@ class DelegateKeeper:
             decided = verdict(missing.since, self.heartbeats.get((namespace, source)), now)
             if decided is Verdict.FORGET:
                 del self.missing[key]
-            elif decided is Verdict.RECREATE:
+            elif decided is Verdict.RECREATE and recreations < MAX_RECREATIONS:
+                recreations += 1
                 await self._recreate(key, missing)
 
     async def _recreate(self, key: tuple[str, str], missing: Missing) -> None:

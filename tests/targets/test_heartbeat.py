@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from multicluster import Cluster, ClusterConfig
 from multicluster_scheduler.api import keys
-from multicluster_scheduler.targets.heartbeat import SourceHeartbeat
+from multicluster_scheduler.api.keepalive import AWAY, HEARTBEAT_PERIOD
+from multicluster_scheduler.targets.heartbeat import LINGER, SourceHeartbeat
 from multicluster_scheduler.targets.registry import TargetConnection, TargetRegistry
 
 HERE = "cluster1-uid"
@@ -47,3 +48,20 @@ def test_a_namespaced_target_beats_in_its_namespace_a_cluster_target_where_it_ha
         ]
     )
     assert heartbeat.namespaces(everywhere) == {"a", "b"}
+
+
+def test_a_namespace_keeps_its_heartbeat_a_while_after_its_last_delegate_went():
+    """A scale to zero through a ClusterTarget: the source deleted the delegates itself, and
+    must be seen there after, or the target recreates them (they came back every 65 s)."""
+    local = Cluster("local", ClusterConfig("https://127.0.0.1:1", None))
+    heartbeat = SourceHeartbeat(local, TargetRegistry(), HERE)
+    everywhere = TargetConnection(kind="ClusterTarget", name="c2", namespace=None)
+    cached = Cached([delegate("a")])
+    everywhere.delegates = cached  # type: ignore[assignment]
+    assert heartbeat.plan(everywhere, 0.0) == ({"a"}, set())
+    cached.objects = []  # scaled to zero
+    assert heartbeat.plan(everywhere, LINGER) == ({"a"}, set())
+    assert LINGER > AWAY + HEARTBEAT_PERIOD, "renewed at least once after the target's wait"
+    assert heartbeat.plan(everywhere, LINGER + 1) == (set(), {"a"})
+    namespaced = TargetConnection(kind="Target", name="c2", namespace="team")
+    assert heartbeat.plan(namespaced, 10_000.0) == ({"team"}, set()), "always"
