@@ -69,9 +69,12 @@ def restarts_always(pod: dict) -> bool:
 def keepable(pod: dict, cluster_name: str) -> str | None:
     """The source cluster of ``pod`` if it is a delegate of another cluster than
     ``cluster_name`` (this one), named as that source names its delegates, that restarts
-    always; None otherwise."""
+    always and has not ended (an evicted one was replaced by its proxy pod's owner already);
+    None otherwise."""
     source = parent_cluster(pod)
     if not source or source == cluster_name or not restarts_always(pod):
+        return None
+    if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
         return None
     return source if looks_like_delegate(pod, source) else None
 
@@ -98,7 +101,8 @@ def recreated(slim: dict, now: str) -> dict:
     and spec, not bound to the node it ran on (the target's scheduler places it again)."""
     meta = slim["metadata"]
     spec = orjson.loads(slim["spec"])
-    spec.pop("nodeName", None)
+    for assigned in ("nodeName", "ephemeralContainers", "priority"):  # refused on create
+        spec.pop(assigned, None)
     annotations = dict(meta.get("annotations") or {})
     annotations[RECREATED] = now
     return {

@@ -29,7 +29,8 @@ from ..api.proxy import parent_cluster
 from .registry import TargetConnection, TargetRegistry
 
 log = logging.getLogger(__name__)
-RENEW_TIMEOUT = 5.0
+RENEW_TIMEOUT = 5.0  # one request
+BEAT_TIMEOUT = 15.0  # all of one target's renewals (then its deletions)
 REMOVAL_TIMEOUT = 10.0
 CONCURRENCY = 8  # requests at once to one target
 LINGER = AWAY + 2 * HEARTBEAT_PERIOD  # a namespace's heartbeat outlives its last delegate
@@ -49,6 +50,7 @@ class SourceHeartbeat:
         # (node, namespace) → when a delegate of this cluster was last seen there (monotonic)
         self._last_used: dict[tuple[str, str], float] = {}
         self._seeded: set[str] = set()  # ClusterTargets whose earlier heartbeats were listed
+        self._renewed: dict[tuple[str, str], float] = {}  # (node, namespace) → last renewal
         registry.on_removing(self._removing)
 
     def namespaces(self, connection: TargetConnection) -> set[str]:
@@ -80,6 +82,13 @@ class SourceHeartbeat:
         must be seen deleted while it is there, or the target would take them for delegates
         deleted while it is away, and create them again."""
         node = connection.node_name
+        if not connection.delegates_synced:
+            # Which namespaces have delegates is not known now, but this cluster may still
+            # delete some there: every heartbeat it knows is renewed, none expires.
+            renew = {ns for at, ns in self._last_used if at == node}
+            if connection.namespace:
+                renew.add(connection.namespace)
+            return renew, set()
         for namespace in self.namespaces(connection):
             self._last_used[(node, namespace)] = now
         renew, expired = set(), set()
@@ -95,8 +104,9 @@ class SourceHeartbeat:
         are not taken for ones deleted while this cluster is away."""
         node = connection.node_name
         namespaces = self.namespaces(connection) | {ns for at, ns in self._last_used if at == node}
-        for key in [k for k in self._last_used if k[0] == node]:
-            del self._last_used[key]
+        for memo in (self._last_used, self._renewed):
+            for key in [k for k in memo if k[0] == node]:
+                del memo[key]
         self._refused.discard(node)
         self._seeded.discard(node)
         if connection.cluster is None or connection.cluster is self.local or not namespaces:
@@ -136,7 +146,7 @@ class SourceHeartbeat:
         connections = [
             c
             for c in self.registry.connections.values()
-            if c.cluster is not None and c.cluster is not self.local and c.delegates_synced
+            if c.cluster is not None and c.cluster is not self.local
         ]
         await asyncio.gather(*(self._beat(c) for c in connections))
 
@@ -156,6 +166,8 @@ class SourceHeartbeat:
             found = []  # an older Source role: only what it uses from now on is known
         except (ApiError, TimeoutError):
             return  # tried again next time
+        if not self._registered(connection):
+            return
         now = time.monotonic()
         for lease in found[:MAX_NAMESPACES]:
             namespace = (lease.get("metadata") or {}).get("namespace")
@@ -163,48 +175,74 @@ class SourceHeartbeat:
                 self._last_used.setdefault((node, namespace), now)
         self._seeded.add(node)
 
+    def _registered(self, connection: TargetConnection) -> bool:
+        return self.registry.connections.get(connection.node_name) is connection
+
     async def _beat(self, connection: TargetConnection) -> None:
+        """Renew ``connection``'s heartbeats, those renewed longest ago first, each request
+        within :data:`RENEW_TIMEOUT` and all within :data:`BEAT_TIMEOUT` (a slow target
+        renews its least recent ones next time); then delete those that lingered enough."""
         node = connection.node_name
         await self._seed(connection)
+        if not self._registered(connection):
+            return  # its Target went meanwhile
         renew, expired = self.plan(connection, time.monotonic())
         at_once = asyncio.Semaphore(CONCURRENCY)
+        client = connection.cluster.client  # type: ignore[union-attr]
+        name = heartbeat_name(self.cluster_name)
 
         async def renew_one(namespace: str) -> None:
-            async with at_once:
+            async with at_once, asyncio.timeout(RENEW_TIMEOUT):
                 await self._renew(connection, namespace)
+            self._renewed[(node, namespace)] = time.monotonic()
 
         async def expire_one(namespace: str) -> None:
-            async with at_once:
-                await connection.cluster.client.delete(  # type: ignore[union-attr]
-                    LEASES, heartbeat_name(self.cluster_name), namespace, missing_ok=True
-                )
+            async with at_once, asyncio.timeout(RENEW_TIMEOUT):
+                await client.delete(LEASES, name, namespace, missing_ok=True)
             self._last_used.pop((node, namespace), None)
+            self._renewed.pop((node, namespace), None)
 
-        try:
-            async with asyncio.timeout(RENEW_TIMEOUT):
+        oldest_first = sorted(renew, key=lambda ns: self._renewed.get((node, ns), 0.0))
+        results: list = []
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(BEAT_TIMEOUT):
                 results = await asyncio.gather(
-                    *(renew_one(ns) for ns in renew),
-                    *(expire_one(ns) for ns in expired),
-                    return_exceptions=True,
+                    *(renew_one(ns) for ns in oldest_first), return_exceptions=True
                 )
-        except TimeoutError:
-            log.debug("heartbeats not all renewed in time target=%s", node)
-            return
-        errors = [r for r in results if isinstance(r, BaseException)]
+        if len(results) < len(renew):
+            results.append(TimeoutError(f"not all {len(renew)} renewed in {BEAT_TIMEOUT:g}s"))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(BEAT_TIMEOUT):
+                await asyncio.gather(*(expire_one(ns) for ns in expired), return_exceptions=True)
+        self._say(connection, [r for r in results if isinstance(r, BaseException)])
+
+    def _say(self, connection: TargetConnection, errors: list[BaseException]) -> None:
+        node = connection.node_name
         if any(isinstance(e, Forbidden) for e in errors):
             if node not in self._refused:
                 self._refused.add(node)
                 log.info(
-                    "no heartbeat in target %s: this cluster may not write Leases there (a "
-                    "Source role of an older chart); its delegates there are not kept alive "
-                    "while this cluster is away",
+                    "no heartbeat in (some namespaces of) target %s: this cluster may not write "
+                    "Leases there (403: a Source role of an older chart, or a policy); its "
+                    "delegates there are not kept alive while this cluster is away",
                     node,
                 )
             return
-        if errors:
-            log.debug("heartbeat not renewed target=%s error=%s", node, errors[0])
-            return
         self._refused.discard(node)
+        stale = [
+            ns
+            for (at, ns), used in self._last_used.items()
+            if at == node and time.monotonic() - self._renewed.get((at, ns), used) > AWAY / 2
+        ]
+        if errors and stale:
+            log.warning(
+                "heartbeats not renewed for %ds in %d namespaces of target %s (e.g. %s): %s",
+                AWAY / 2,
+                len(stale),
+                node,
+                stale[0],
+                errors[0] or "timed out",
+            )
 
     async def _renew(self, connection: TargetConnection, namespace: str) -> None:
         client = connection.cluster.client  # type: ignore[union-attr]
@@ -213,8 +251,10 @@ class SourceHeartbeat:
         try:
             await client.patch(LEASES, name, {"spec": {"renewTime": now}}, namespace)
         except NotFound:
-            if self.registry.connections.get(connection.node_name) is not connection:
+            if not self._registered(connection):
                 return  # its Target is being deleted: its heartbeat is not made again
             lease = heartbeat_lease(self.cluster_name, namespace, now)
             with contextlib.suppress(AlreadyExists):
                 await client.create(LEASES, lease, namespace)
+            if not self._registered(connection):  # its Target went while it was made
+                await client.delete(LEASES, name, namespace, missing_ok=True)

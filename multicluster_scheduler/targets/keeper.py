@@ -161,6 +161,8 @@ class DelegateKeeper:
         """Decide about each delegate gone (see the module's docstring), recreating
         :data:`MAX_RECREATIONS` at most each time (whoever forged heartbeats and deleted
         hundreds of pods gets them back at that rate)."""
+        if not self.leases.healthy:
+            return  # heartbeats not seen now: a source that is there could look away
         now = time.monotonic()
         recreations = 0
         for key, missing in list(self.missing.items()):

@@ -14,6 +14,8 @@ HERE = "cluster1-uid"
 class Cached:
     def __init__(self, objects: list) -> None:
         self.objects = objects
+        self.has_synced = True
+        self.last_error: Exception | None = None
 
     def list(self, namespace: str | None = None) -> list:
         return self.objects
@@ -62,6 +64,9 @@ def test_a_namespace_keeps_its_heartbeat_a_while_after_its_last_delegate_went():
     cached.objects = []  # scaled to zero
     assert heartbeat.plan(everywhere, LINGER) == ({"a"}, set())
     assert LINGER > AWAY + HEARTBEAT_PERIOD, "renewed at least once after the target's wait"
+    cached.last_error = RuntimeError("the target's delegates cannot be read now")
+    assert heartbeat.plan(everywhere, LINGER + 1) == ({"a"}, set()), "deletions may go on"
+    cached.last_error = None
     assert heartbeat.plan(everywhere, LINGER + 1) == (set(), {"a"})
     namespaced = TargetConnection(kind="Target", name="c2", namespace="team")
     assert heartbeat.plan(namespaced, 10_000.0) == ({"team"}, set()), "always"

@@ -31,6 +31,7 @@ def world(monkeypatch):
     monkeypatch.setattr(keeper_module.time, "monotonic", clock.monotonic)
     local = Cluster("local", ClusterConfig("https://127.0.0.1:1", None))
     keeper = DelegateKeeper(local, HERE)
+    keeper.leases._synced.set()  # its watch works (what the e2e test covers)
     created: list[dict] = []
 
     async def create(_resource, body, namespace=None):
@@ -59,6 +60,28 @@ async def test_a_delegate_gone_while_its_source_is_silent_is_recreated_once(worl
     assert [p["metadata"]["name"] for p in created] == [gone["metadata"]["name"]]
     await keeper.look()
     assert len(created) == 1
+
+
+async def test_nothing_is_decided_while_heartbeats_cannot_be_seen(world):
+    keeper, clock, created = world
+    keeper._lease_event(ADDED, lease(), None, True)
+    keeper._pod_event(DELETED, keeper._kept(delegate()), None, False)
+    clock.now += AWAY
+    keeper.leases.last_error = RuntimeError("watch failed")
+    await keeper.look()
+    assert created == []
+    keeper.leases.last_error = None
+    await keeper.look()
+    assert len(created) == 1
+
+
+async def test_an_ended_delegate_is_not_kept(world):
+    """Evicted: its proxy pod failed and its owner replaced it; recreating it would run one
+    replica too many, which nobody deletes."""
+    keeper, _clock, _created = world
+    evicted = delegate()
+    evicted["status"] = {"phase": "Failed", "reason": "Evicted"}
+    assert "source" not in keeper._kept(evicted)
 
 
 async def test_a_renewal_after_the_delegate_went_means_the_source_decides(world):
