@@ -393,28 +393,17 @@ class Follower:
         with self.slots.slot(connection.name, connection.namespace) as free:
             if not free:
                 return None
-            return await self._act_now(connection, action, copy, source, planned, key)
-
-    async def _act_now(
-        self,
-        connection: TargetConnection,
-        action: str,
-        copy: dict | None,
-        source: dict | None,
-        planned: float,
-        key: Key,
-    ) -> bool | str:
-        try:
-            async with asyncio.timeout(TARGET_TIMEOUT), self._locked(key):
-                if action == "write":
-                    return await self._write(connection, source, copy)  # type: ignore[arg-type]
-                written = self._written.get(key)
-                if written is not None and written[1] >= planned:
-                    return True  # written for a new delegate since this reconcile looked
-                await self._delete_copy(connection, copy)  # type: ignore[arg-type]
-                return False
-        except (ApiError, TimeoutError) as e:
-            return f"{connection.name}: {str(e) or 'timed out'}"
+            try:
+                async with asyncio.timeout(TARGET_TIMEOUT), self._locked(key):
+                    if action == "write":
+                        return await self._write(connection, source, copy)  # type: ignore[arg-type]
+                    written = self._written.get(key)
+                    if written is not None and written[1] >= planned:
+                        return True  # written for a new delegate since this reconcile looked
+                    await self._delete_copy(connection, copy)  # type: ignore[arg-type]
+                    return False
+            except (ApiError, TimeoutError) as e:
+                return f"{connection.name}: {str(e) or 'timed out'}"
 
     async def _source_with_finalizer(self, namespace: str, name: str) -> dict | None:
         """The source object, read in full, with our finalizer on it before any copy exists."""
