@@ -105,11 +105,16 @@ class Cluster:
                 informer.start()
         return informer
 
-    async def remove_informer(self, informer: Informer) -> None:
-        """Stop and forget an informer nobody needs any more (e.g. one per removed node)."""
+    def forget_informer(self, informer: Informer) -> None:
+        """No longer hand out ``informer`` (the next :meth:`informer` call for its scope makes
+        a new one); stopping it is the caller's."""
         for key, known in list(self._informers.items()):
             if known is informer:
                 del self._informers[key]
+
+    async def remove_informer(self, informer: Informer) -> None:
+        """Stop and forget an informer nobody needs any more (e.g. one per removed node)."""
+        self.forget_informer(informer)
         await informer.stop()
 
     @property

@@ -122,6 +122,8 @@ class Controller:
                 return
             try:
                 await self._process(request)
+            except Exception:  # the queue's own calls: one item must never end a worker
+                log.exception("worker failed controller=%s request=%s", self.name, request)
             finally:
                 queue.done(request)
 

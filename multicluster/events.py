@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import secrets
 
 from .client import Client
 from .errors import ApiError
+from .kubetime import format_time
 from .resources import EVENTS
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class EventRecorder:
         Failing to record is logged, never raised: events are a courtesy."""
         meta = obj["metadata"]
         namespace = meta.get("namespace") or self.default_namespace
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = format_time()
         event = {
             "apiVersion": "v1",
             "kind": "Event",

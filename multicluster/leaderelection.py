@@ -12,7 +12,6 @@ waiting.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from . import metrics
 from .client import Client
 from .errors import ApiError, Conflict, NotFound
+from .kubetime import format_micro_time
 from .resources import LEASES
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class LeaderElectionConfig:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_micro_time()
 
 
 class LeaderElector:

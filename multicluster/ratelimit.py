@@ -20,11 +20,15 @@ class TokenBucket:
         self._tokens = float(burst)
         self._last = time.monotonic()
 
-    def reserve(self) -> float:
-        """Take a token (possibly one not yet earned); return the seconds until it is earned."""
+    def reserve(self, at_most: float | None = None) -> float:
+        """Take a token (possibly one not yet earned); return the seconds until it is earned.
+        With ``at_most``: a token that would be earned later than that is not taken, and
+        ``at_most`` is returned (the caller waits that long, unbooked)."""
         now = time.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
         self._last = now
+        if at_most is not None and (1 - self._tokens) / self.qps > at_most:
+            return at_most
         self._tokens -= 1
         return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
 

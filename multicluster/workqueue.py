@@ -4,7 +4,9 @@
 - An item is never handed to two workers at once: re-added while being processed, it is queued
   again only when the worker calls :meth:`WorkQueue.done`.
 - Failures back off per item (5 ms doubling up to 1000 s) and, overall, through a token bucket
-  (10 per second, bursts of 100), whichever is later.
+  (10 per second, bursts of 100), whichever is later; the bucket never holds a retry more than
+  10 s (client-go's books without bound: a few thousand failing items delay everyone's
+  retries by minutes).
 - Items of an initial sync may be added with ``low_priority``: fresh events go first.
 """
 
@@ -19,6 +21,11 @@ from . import metrics
 from .ratelimit import TokenBucket
 
 T = TypeVar("T", bound=Hashable)
+MAX_DOUBLINGS = 60
+# The overall bucket books tokens ahead: thousands of items failing at once (a hostile target
+# refusing every request) would otherwise book minutes of retries, and every other item's first
+# retry would wait behind them. Past this wait, a retry books nothing and waits this long.
+MAX_BUCKET_WAIT = 10.0
 
 
 class ShutDown(Exception):
@@ -95,8 +102,13 @@ class WorkQueue(Generic[T]):
         failures = self._failures.get(item, 0)
         self._failures[item] = failures + 1
         self._retries.inc()
-        delay = min(self.max_delay, self.base_delay * 2**failures)
-        self.add_after(item, max(delay, self._bucket.reserve()))
+        # 2**failures as a float overflows past 1023 failures: an item that fails on every
+        # event of a busy object gets there in minutes.
+        delay = min(self.max_delay, self.base_delay * 2 ** min(failures, MAX_DOUBLINGS))
+        if delay >= MAX_BUCKET_WAIT:
+            self.add_after(item, delay)  # later than the bucket would ask: books no token
+        else:
+            self.add_after(item, max(delay, self._bucket.reserve(MAX_BUCKET_WAIT)))
 
     def forget(self, item: T) -> None:
         """Reset the item's failure count (after a success)."""

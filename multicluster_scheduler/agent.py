@@ -44,6 +44,8 @@ from .sources.controller import finalizer_cleanup_controller, sources_controller
 from .summary.controller import summary_controller
 from .targets.controller import targets_controller
 from .targets.delegates import DelegateLookup
+from .targets.heartbeat import SourceHeartbeat
+from .targets.keeper import DelegateKeeper
 from .targets.limits import (
     DEFAULT_CACHE_PER_CLUSTER_TARGET,
     DEFAULT_CACHE_PER_NAMESPACE,
@@ -397,6 +399,10 @@ async def run(settings: AgentSettings) -> None:
             ),
         )
     )
+    heartbeat = SourceHeartbeat(cluster, registry, cluster_name)
+    manager.add_runnable(heartbeat.run, needs_leader=True)
+    keeper = DelegateKeeper(cluster, cluster_name)
+    manager.add_runnable(keeper.run, needs_leader=True)
     lookup = DelegateLookup(registry, proxy_informer(cluster), cluster_name)
     follow = Follow(cluster, lookup)
     for controller in follow.controllers:

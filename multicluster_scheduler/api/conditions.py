@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as dt
+from multicluster.kubetime import format_time
 
 
 def ready_condition(
@@ -18,10 +18,6 @@ def ready_condition(
         "status": status,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": (
-            dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            if changed
-            else old.get("lastTransitionTime")
-        ),
+        "lastTransitionTime": (format_time() if changed else old.get("lastTransitionTime")),
         "observedGeneration": generation,
     }

@@ -53,20 +53,36 @@ LOCAL_ANNOTATIONS = frozenset(
 )
 
 
-# Annotation keys that make an Ingress refused (not copied): ingress controllers' raw
-# configuration (ingress-nginx's configuration-, server-, auth-, stream- and modsecurity-snippet,
-# HAProxy's config snippets...) would let whoever writes Ingresses in a source namespace write
-# the configuration of a target's ingress controller, which may read every Secret there.
-DEFAULT_REFUSED_ANNOTATIONS = "snippet"
+# Annotation keys that make an Ingress refused (not copied), matched anywhere in the key: ingress
+# controllers' raw configuration (ingress-nginx's configuration-, server-, auth-, stream- and
+# modsecurity-snippet, HAProxy's config snippets...) would let whoever writes Ingresses in a
+# source namespace write the configuration of a target's ingress controller, which may read
+# every Secret there; URLs the controller calls or sends traffic to (auth-url, auth-signin,
+# mirror-target) would reach into the target's network (its cloud's metadata address, say).
+DEFAULT_REFUSED_ANNOTATIONS = r"(?i)snippet|auth-url|auth-signin|mirror-(target|host|uri)"
+
+
+def _names_another_namespace(key: str, value: object, namespace: str | None) -> bool:
+    if "secret" not in key.lower() or not isinstance(value, str) or "/" not in value:
+        return False
+    return value.split("/", 1)[0].strip() != namespace
 
 
 def refused_annotations(ingress: dict, refused: re.Pattern[str] | None) -> list[str]:
-    """The annotation keys of ``ingress`` that ``refused`` matches (anywhere in the key), sorted;
-    none if no pattern is given."""
-    if refused is None:
-        return []
-    annotations = ingress["metadata"].get("annotations") or {}
-    return sorted(key for key in annotations if refused.search(key))
+    """The annotation keys of ``ingress`` that are refused, sorted: those ``refused`` matches
+    (anywhere in the key), and, whatever the pattern, those that name a Secret of another
+    namespace (a key with ``secret`` in it and a ``namespace/name`` value, as ingress-nginx's
+    auth-secret, auth-tls-secret, proxy-ssl-secret take): the copy would make a target's
+    ingress controller use that namespace's Secret for this one."""
+    meta = ingress["metadata"]
+    namespace = meta.get("namespace")
+    found = []
+    for key, value in (meta.get("annotations") or {}).items():
+        if (refused is not None and refused.search(key)) or _names_another_namespace(
+            key, value, namespace
+        ):
+            found.append(key)
+    return sorted(found)
 
 
 def ingress_reference(ingress: dict) -> dict:

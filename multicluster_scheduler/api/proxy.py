@@ -206,7 +206,11 @@ def parent_uid(delegate: dict) -> str | None:
 
 
 def parent_cluster(delegate: dict) -> str | None:
-    return (delegate["metadata"].get("annotations") or {}).get(keys.PARENT_CLUSTER_NAME)
+    annotations = (delegate.get("metadata") or {}).get("annotations")
+    if not isinstance(annotations, dict):
+        return None  # as a target sent it: anything may be missing
+    found = annotations.get(keys.PARENT_CLUSTER_NAME)
+    return found if isinstance(found, str) else None
 
 
 def is_delegate_of(pod: dict, proxy: dict, cluster_name: str) -> bool:

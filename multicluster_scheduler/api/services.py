@@ -37,6 +37,19 @@ from .regexps import without_matching
 HEADLESS = "None"
 # Annotations that a cluster's own controllers write about the Service in that cluster: the
 # original's are not copied (the target's controllers write their own on the copy).
+# Load balancer addresses asked for by annotation (MetalLB, Cilium, kube-vip, Azure): as
+# ``loadBalancerIP`` (below), addresses of the source's network, never copied; the target's own
+# on a copy are kept.
+SOURCE_ADDRESS_ANNOTATIONS = frozenset(
+    {
+        "metallb.universe.tf/loadBalancerIPs",
+        "metallb.io/loadBalancerIPs",
+        "io.cilium/lb-ipam-ips",
+        "kube-vip.io/loadbalancerIPs",
+        "service.beta.kubernetes.io/azure-load-balancer-ipv4",
+        "service.beta.kubernetes.io/azure-load-balancer-ipv6",
+    }
+)
 LOCAL_ANNOTATIONS = frozenset(
     {
         LAST_APPLIED,
@@ -44,6 +57,7 @@ LOCAL_ANNOTATIONS = frozenset(
         "field.cattle.io/publicEndpoints",
         "metallb.universe.tf/ip-allocated-from-pool",
         MANAGED_KEYS,
+        *SOURCE_ADDRESS_ANNOTATIONS,
     }
 )
 # Assigned by the cluster a Service lives in: never copied, and kept as the target set them.
@@ -151,6 +165,13 @@ def reroute_patch(service: dict, proxy_labels: Iterable[dict[str, str]]) -> dict
         },
         "spec": {"selector": new_selector},
     }
+
+
+def is_external_name(service: dict) -> bool:
+    """An ExternalName Service is a DNS alias, selecting no pod: it is never copied (its copy
+    would make a target's cluster DNS, and ingress controllers, send traffic to whatever name a
+    tenant of this cluster chose)."""
+    return (service.get("spec") or {}).get("type") == "ExternalName"
 
 
 def portable_spec(spec: dict) -> dict:

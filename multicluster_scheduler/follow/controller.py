@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -40,6 +39,7 @@ from multicluster import (
 from multicluster.events import EventRecorder
 from multicluster.gc import has_finalizer, is_deleting
 from multicluster.informer import DELETED, MODIFIED
+from multicluster.kubetime import parse_time
 from multicluster.resources import CONFIGMAPS, SECRETS, Resource
 
 from ..api import keys
@@ -76,10 +76,9 @@ Key = tuple[str, str, str]  # (virtual node, namespace, name)
 
 
 def _age(obj: dict) -> float:
-    created = obj["metadata"].get("creationTimestamp")
-    if not created:
+    then = parse_time(obj["metadata"].get("creationTimestamp"))
+    if then is None:
         return GRACE
-    then = dt.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     return time.time() - then.timestamp()
 
 
@@ -175,8 +174,10 @@ class Follower:
             meta = copy["metadata"]
             if event == DELETED:
                 self._written.pop((node, meta["namespace"], meta["name"]), None)
-            if is_ours(copy, self.cluster_name):
-                queue.add(self._request(meta["namespace"], meta["name"]), low_priority=initial)
+            if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
+                request = self._request(meta["namespace"], meta["name"])
+                if not queue.failures(request):  # else retried with backoff already
+                    queue.add(request, low_priority=initial)
 
         connection.delegates.add_handler(on_delegate)
         copies.add_handler(on_copy)
@@ -198,8 +199,8 @@ class Follower:
     def resync(self) -> None:
         """Look again at every copy of ours in every target (from the caches): a watch that
         resumed after an outage sends no event for copies whose source went meanwhile."""
-        for copies in list(self.copies.values()):
-            self._resync_copies(copies)
+        for node, copies in list(self.copies.items()):
+            self._resync_copies(node, copies)
 
     def resync_recovered(self) -> None:
         """Look again at the copies of each target whose caches just recovered from an error:
@@ -213,12 +214,15 @@ class Follower:
                 log.info(
                     "copies looked at again kind=%s target=%s: caches recovered", self.kind, node
                 )
-                self._resync_copies(copies)
+                self._resync_copies(node, copies)
 
-    def _resync_copies(self, copies: Informer) -> None:
+    def _resync_copies(self, node: str, copies: Informer) -> None:
+        connection = self.registry.by_node(node)
+        if connection is None:
+            return
         for copy in copies.list():
             meta = copy["metadata"]
-            if is_ours(copy, self.cluster_name):
+            if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
                 self.controller.queue.add(
                     self._request(meta["namespace"], meta["name"]), low_priority=True
                 )
@@ -389,28 +393,17 @@ class Follower:
         with self.slots.slot(connection.name, connection.namespace) as free:
             if not free:
                 return None
-            return await self._act_now(connection, action, copy, source, planned, key)
-
-    async def _act_now(
-        self,
-        connection: TargetConnection,
-        action: str,
-        copy: dict | None,
-        source: dict | None,
-        planned: float,
-        key: Key,
-    ) -> bool | str:
-        try:
-            async with asyncio.timeout(TARGET_TIMEOUT), self._locked(key):
-                if action == "write":
-                    return await self._write(connection, source, copy)  # type: ignore[arg-type]
-                written = self._written.get(key)
-                if written is not None and written[1] >= planned:
-                    return True  # written for a new delegate since this reconcile looked
-                await self._delete_copy(connection, copy)  # type: ignore[arg-type]
-                return False
-        except (ApiError, TimeoutError) as e:
-            return f"{connection.name}: {str(e) or 'timed out'}"
+            try:
+                async with asyncio.timeout(TARGET_TIMEOUT), self._locked(key):
+                    if action == "write":
+                        return await self._write(connection, source, copy)  # type: ignore[arg-type]
+                    written = self._written.get(key)
+                    if written is not None and written[1] >= planned:
+                        return True  # written for a new delegate since this reconcile looked
+                    await self._delete_copy(connection, copy)  # type: ignore[arg-type]
+                    return False
+            except (ApiError, TimeoutError) as e:
+                return f"{connection.name}: {str(e) or 'timed out'}"
 
     async def _source_with_finalizer(self, namespace: str, name: str) -> dict | None:
         """The source object, read in full, with our finalizer on it before any copy exists."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
 from collections import Counter
@@ -38,6 +37,7 @@ from multicluster import (
 )
 from multicluster.events import EventRecorder
 from multicluster.informer import ADDED, DELETED
+from multicluster.kubetime import format_time, parse_time
 from multicluster.resources import NODES, PODS
 
 from ..api import keys
@@ -127,11 +127,12 @@ def _owner_of(connection: TargetConnection) -> str:
 def _parse_time(text: str | None) -> float:
     if not text:
         return time.time()
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+    parsed = parse_time(text)
+    return parsed.timestamp() if parsed is not None else time.time()
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time()
 
 
 class SpreadLedger:

@@ -38,6 +38,7 @@ from ..api.services import (
     copy_differs,
     copy_update,
     desired_copy,
+    is_external_name,
     is_global,
     must_recreate,
     no_prefix,
@@ -88,6 +89,7 @@ class ServiceSync:
         self.local = local
         self.excluded = frozenset((*NEVER_TOUCHED, *excluded_namespaces))
         self.events = EventRecorder(local.client, "admiralty-services")
+        self._said_not_copied: set[tuple[str, str]] = set()  # ExternalName Services warned of
         self.controller = Controller("services", self.reconcile, workers=workers)
         self.services = self.controller.watch(
             local, SERVICES, transform=strip_managed_fields, predicates=[self._eligible]
@@ -109,7 +111,11 @@ class ServiceSync:
             self.controller.queue,
             cluster_name=cluster_name,
             originals=self.services,
-            to_copy=lambda service: is_global(service) and self._eligible("", service, None),
+            to_copy=lambda service: (
+                is_global(service)
+                and not is_external_name(service)
+                and self._eligible("", service, None)
+            ),
             events=self.events,
         )
         self.enabled.add_handler(self.copies.namespace_changed)
@@ -157,7 +163,27 @@ class ServiceSync:
             if service is None:
                 return None  # deleted meanwhile: its event brings it back here
         wanted = service is not None and enabled and is_global(service)
+        if service is not None and wanted and is_external_name(service):
+            wanted = False
+            self._say_not_copied(service)
         return await self.copies.reconcile(namespace, name, service, wanted)
+
+    def _say_not_copied(self, service: dict) -> None:
+        """A Warning on a global ExternalName Service, once."""
+        meta = service["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if key in self._said_not_copied:
+            return
+        if len(self._said_not_copied) > 10_000:
+            self._said_not_copied.clear()
+        self._said_not_copied.add(key)
+        self.events.emit(
+            service_reference(service),
+            "Warning",
+            "NotCopied",
+            "an ExternalName Service is not copied to targets: it selects no pod, and its copy "
+            "would send a target's traffic to whatever name it gives",
+        )
 
     async def _reroute(self, service: dict) -> dict | None:
         meta = service["metadata"]

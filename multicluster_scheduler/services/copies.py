@@ -180,8 +180,14 @@ class TargetCopies:
 
         def on_copy(_event: str, copy: dict, _old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
-            if is_ours(copy, self.cluster_name):
-                queue.add(self.request(meta["namespace"], meta["name"]), low_priority=initial)
+            # A namespaced Target's server may claim objects of any namespace: only those of
+            # its own are looked at (others are no business of this target).
+            if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
+                request = self.request(meta["namespace"], meta["name"])
+                # One failing is retried with backoff already: a target that keeps changing
+                # it must not make it retry at the rate of its events.
+                if not queue.failures(request):
+                    queue.add(request, low_priority=initial)
 
         copies.add_handler(on_copy)
         self.informers[node] = copies
@@ -215,21 +221,21 @@ class TargetCopies:
                     self._resync(connection)
                     last = loop.time()
                 elif loop.time() - last >= RESYNC_PERIOD:
-                    self._resync_copies(copies)
+                    self._resync_copies(copies, connection)
                     last = loop.time()
             except Exception:
                 log.exception("resync of %s copies failed target=%s", self.kind.noun, node)
 
-    def _resync_copies(self, copies: Informer | None) -> None:
+    def _resync_copies(self, copies: Informer | None, connection: TargetConnection) -> None:
         """Reconcile the original of every copy of ours in a target's cache (gone or not)."""
         for copy in copies.list() if copies is not None else ():
             meta = copy["metadata"]
-            if is_ours(copy, self.cluster_name):
+            if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
                 self.queue.add(self.request(meta["namespace"], meta["name"]), low_priority=True)
 
     def _resync(self, connection: TargetConnection) -> None:
         """Reconcile every original that has, or should have, a copy in this target."""
-        self._resync_copies(self.informers.get(connection.node_name))
+        self._resync_copies(self.informers.get(connection.node_name), connection)
         for original in self.originals.list():
             meta = original["metadata"]
             if connection.allows(meta["namespace"]) and self.to_copy(original):

@@ -13,9 +13,9 @@ Service it names becomes global or stops being global, appears or goes (Ingresse
 by the Services they name). As for Services, only Ingresses of namespaces labelled
 ``multicluster-scheduler=enabled`` are copied: a tenant of a namespace that never opted in
 writes nothing into targets through us. Copies made by another source (``is-delegate``) are
-never copied again. An Ingress with an annotation the agent refuses (``snippet`` in its key by
-default: raw configuration of an ingress controller) is not copied, and a Warning event on it
-says why.
+never copied again. An Ingress with an annotation the agent refuses (raw configuration of an
+ingress controller, URLs it would call, a Secret of another namespace:
+:func:`..api.ingresses.refused_annotations`) is not copied, and a Warning event on it says why.
 """
 
 from __future__ import annotations
@@ -146,8 +146,9 @@ class IngressSync:
             "Warning",
             "AnnotationRefused",
             f"not copied to targets: annotation {', '.join(refused)} would configure the "
-            "ingress controllers of target clusters (refused by chart value "
-            "ingresses.refusedAnnotations, agent flag --ingress-refused-annotations)",
+            "ingress controllers of target clusters beyond routing to this namespace's "
+            "Services (refused by chart value ingresses.refusedAnnotations, agent flag "
+            "--ingress-refused-annotations; a Secret of another namespace is always refused)",
         )
 
     def _ingresses_naming(self, _cluster: str, service: dict) -> list[Request]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
 
 from multicluster import ApiError, Client, Conflict, NotFound, Resource
+from multicluster.kubetime import format_micro_time
 from multicluster.resources import LEASES, NODES
 
 from ..api import keys
@@ -28,7 +28,7 @@ LEASE_DURATION = 40
 
 
 def _micro_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_micro_time()
 
 
 class NodeLoop:

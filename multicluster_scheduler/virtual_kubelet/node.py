@@ -27,6 +27,8 @@ from collections import OrderedDict
 from fractions import Fraction
 from typing import Any
 
+from multicluster.kubetime import format_time
+
 from .. import __version__
 from ..api import keys
 from ..api.quantity import is_binary, parse
@@ -379,7 +381,7 @@ def node_status(
     features: list[str] | None = None,
 ) -> dict[str, Any]:
     """The node's status; transition times carried over from ``previous`` when unchanged."""
-    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_time(now)
     old = {c["type"]: c for c in (previous or {}).get("conditions") or ()}
 
     def condition(kind: str, status: str, why: str, text: str) -> dict:

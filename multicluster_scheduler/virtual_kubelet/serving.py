@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from multicluster import ApiError, Client, Conflict, Gone
+from multicluster.kubetime import format_time
 from multicluster.resources import CERTIFICATE_SIGNING_REQUESTS as CSRS
 
 from ..webhook.certificates import (
@@ -135,7 +136,7 @@ def approved(csr: dict, node_name: str, now: dt.datetime | None = None) -> dict:
         "reason": APPROVAL_REASON,
         "message": "multicluster-scheduler approved the serving certificate of its own "
         f"virtual kubelet (node {node_name})",
-        "lastUpdateTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastUpdateTime": format_time(now),
     }
     status = dict(csr.get("status") or {})
     status["conditions"] = [*(status.get("conditions") or ()), condition]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from multicluster.workqueue import ShutDown, WorkQueue
+from multicluster.workqueue import MAX_BUCKET_WAIT, ShutDown, WorkQueue
 
 
 async def test_duplicates_collapse_while_waiting():
@@ -87,6 +87,30 @@ async def test_overall_token_bucket_limits_retries_of_many_items():
     for _ in range(15):
         q.done(await q.get())
     assert time.monotonic() - started >= 0.09, "10 items past the burst at 100/s"
+
+
+async def test_an_item_that_fails_thousands_of_times_waits_the_longest_delay():
+    """2**1024 does not fit a float: an item failing on every event of a busy object (a
+    hostile target's) made the queue raise, and the agent exit."""
+    q: WorkQueue[str] = WorkQueue("t")
+    for _ in range(2000):
+        q.add_rate_limited("a")
+    assert q.failures("a") == 2000
+    q.shut_down()
+
+
+def test_many_failing_items_never_hold_another_items_retry_past_ten_seconds(monkeypatch):
+    """Each retry books a token of the overall bucket: 5,000 items failing at once (a target
+    refusing every request) booked 500 s of retries ahead of everyone."""
+    waits: list[float] = []
+    q: WorkQueue[int] = WorkQueue("t")
+    monkeypatch.setattr(q, "add_after", lambda _item, delay: waits.append(delay))
+    for item in range(5000):
+        q.add_rate_limited(item)
+    q.add_rate_limited(-1)  # another tenant's first retry
+    assert waits[-1] <= MAX_BUCKET_WAIT
+    assert max(waits) <= MAX_BUCKET_WAIT
+    assert sorted(waits)[150] > 1, "the bucket still spreads the retries out"
 
 
 async def test_add_after_keeps_the_earliest():

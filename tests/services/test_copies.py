@@ -131,6 +131,19 @@ def test_headless_services_stay_headless_and_node_ports_are_the_targets():
     assert "nodePort" in node_port["spec"]["ports"][0], "the original is not modified"
 
 
+def test_load_balancer_addresses_asked_by_annotation_are_never_copied():
+    asked = original(type="LoadBalancer")
+    asked["metadata"]["annotations"] |= {
+        "metallb.universe.tf/loadBalancerIPs": "10.9.9.9",
+        "io.cilium/lb-ipam-ips": "10.9.9.9",
+        "kube-vip.io/loadbalancerIPs": "10.9.9.9",
+        "team.example.com/owner": "a",
+    }
+    annotations = desired_copy(asked, CLUSTER)["metadata"]["annotations"]
+    assert "team.example.com/owner" in annotations
+    assert not [k for k in annotations if "10.9.9.9" in annotations[k]]
+
+
 def test_the_source_clusters_own_addresses_are_never_copied():
     """External IPs in a target would make its nodes take traffic for addresses its owners
     never gave (CVE-2020-8554); a load balancer IP is the source's cloud's."""

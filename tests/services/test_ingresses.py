@@ -362,6 +362,27 @@ def test_annotations_that_configure_ingress_controllers_are_refused():
     ]
     assert refused_annotations(raw, None) == []
     assert refused_annotations(ingress("nginx", foo="snippet"), snippets) == [], "keys only"
+    urls = ingress(
+        "nginx",
+        **{
+            "nginx.ingress.kubernetes.io/auth-url": "http://169.254.169.254/latest",
+            "nginx.ingress.kubernetes.io/mirror-target": "http://10.0.0.1",
+            "nginx.ingress.kubernetes.io/Configuration-Snippet": "x",
+        },
+    )
+    assert len(refused_annotations(urls, snippets)) == 3, "URLs it calls; any case"
+
+
+def test_a_secret_of_another_namespace_is_always_refused():
+    theirs = ingress(
+        "nginx",
+        **{
+            "nginx.ingress.kubernetes.io/auth-tls-secret": "kube-system/ca",
+            "nginx.ingress.kubernetes.io/proxy-ssl-secret": "ns/client",  # its own namespace
+            "nginx.ingress.kubernetes.io/auth-secret": "basic",  # its own namespace
+        },
+    )
+    assert refused_annotations(theirs, None) == ["nginx.ingress.kubernetes.io/auth-tls-secret"]
 
 
 async def test_an_ingress_with_a_refused_annotation_does_not_follow():

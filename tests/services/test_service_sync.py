@@ -449,6 +449,42 @@ async def test_a_target_that_holds_requests_holds_two_workers_at_most(world: Wor
     assert [await t for t in held_back] == [None, None]
 
 
+async def test_events_of_a_copy_that_keeps_failing_wait_for_its_backoff(world: World):
+    """A target that keeps changing a copy whose writes fail would otherwise have it retried
+    at the rate of its events, not with backoff."""
+    connection = next(c for c in world.registry.connections.values() if c.name == "c2")
+    _informer, on_copy = world.sync.copies._handlers[connection.node_name]
+    queue = world.sync.controller.queue
+    copy = service("old")
+    copy["metadata"]["annotations"] = {
+        keys.PARENT_NAME: "old",
+        keys.PARENT_NAMESPACE: NS,
+        keys.PARENT_CLUSTER_NAME: CLUSTER,
+    }
+    request = world.sync.copies.request(NS, "old")
+    on_copy("MODIFIED", copy, None, False)
+    assert len(queue) == 1
+    queue.done(await queue.get())
+    queue.add_rate_limited(request)  # it failed: retried later
+    await asyncio.sleep(0)
+    for _ in range(100):
+        on_copy("MODIFIED", copy, None, False)
+    assert len(queue) == 0, "not before its backoff"
+    queue.forget(request)
+    on_copy("MODIFIED", copy, None, False)
+    assert len(queue) == 1
+
+
+async def test_a_global_external_name_service_is_never_copied(world: World):
+    alias = service("alias", **{keys.GLOBAL: "true"})
+    alias["spec"] = {"type": "ExternalName", "externalName": "kubernetes.default.svc"}
+    world.api.add(alias)
+    assert await world.reconcile("alias") is None
+    assert (NS, "alias") not in world.targets["c2"].objects
+    assert ("alias", "Warning", "NotCopied") in world.events.seen
+    assert not world.original("alias")["metadata"].get("finalizers")
+
+
 async def test_unknown_targets_are_retried_but_never_hold_a_finalizer(world: World):
     unknown = world.connect("c4")
     world.sync.copies.informers[unknown.node_name]._synced.clear()
