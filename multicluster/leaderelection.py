@@ -12,6 +12,7 @@ waiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -85,7 +86,10 @@ class LeaderElector:
                 task.cancel()
             await asyncio.gather(leading, renewing, return_exceptions=True)
             if config.release_on_cancel:
-                await asyncio.shield(self._release())
+                # Bounded: a leader that lost its lease because the API server is unreachable
+                # must not hang here while its successor waits.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.shield(asyncio.wait_for(self._release(), self.attempt_timeout))
 
     async def _renew_loop(self) -> None:
         config = self.config

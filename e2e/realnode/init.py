@@ -59,12 +59,29 @@ def make_private_mounts(config: dict) -> None:
         run("mount", "--bind", source, target)
 
 
+def bridge_address(node_ip: str) -> str:
+    """A locally administered MAC address made of the node's IPv4 address."""
+    return "02:00:" + ":".join(f"{int(octet):02x}" for octet in node_ip.split("."))
+
+
 def make_network(config: dict) -> None:
     net = config["network"]
     run("ip", "link", "set", "lo", "up")
     for address in (net["service_ip"], net["host_address"]):
         run("ip", "address", "add", f"{address}/32", "dev", "lo")
-    run("ip", "link", "add", net["bridge"], "type", "bridge")
+    # A bridge left to choose takes the lowest address of its ports, so a pod going away could
+    # change it: every other pod then sends to a gateway that is gone until its ARP entry
+    # expires (half a minute of lost probes, webhook calls and API requests). Set, it stays.
+    run(
+        "ip",
+        "link",
+        "add",
+        net["bridge"],
+        "address",
+        bridge_address(net["node_ip"]),
+        "type",
+        "bridge",
+    )
     run("ip", "address", "add", f"{net['node_ip']}/{net['prefix']}", "dev", net["bridge"])
     run("ip", "link", "set", net["bridge"], "up")
 

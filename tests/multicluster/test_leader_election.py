@@ -79,3 +79,41 @@ async def test_a_stuck_renewal_is_abandoned_in_time_and_the_lease_kept():
         await client.close()
         await server.close()
     assert leases.lease["spec"]["holderIdentity"] == "", "released when cancelled"
+
+
+async def test_a_leader_cut_off_from_its_server_stops_leading_without_hanging():
+    """Every answer stops: leadership ends at the renew deadline, and releasing the Lease (which
+    cannot succeed) is given up after one attempt's time, so a successor is not kept waiting."""
+    leases = Leases()
+    app = web.Application()
+    app.router.add_route("*", PATH, leases.handle)
+    app.router.add_post("/apis/coordination.k8s.io/v1/namespaces/ns/leases", leases.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    client = Client(ClusterConfig.from_kubeconfig_data(kubeconfig(str(server.make_url("")))))
+    config = LeaderElectionConfig(
+        "ns", "lease", "me", lease_duration=1.5, renew_deadline=1.0, retry_period=0.1
+    )
+    elector = LeaderElector(client, config)
+    led = asyncio.Event()
+
+    async def lead() -> None:
+        led.set()
+        await asyncio.sleep(3600)
+
+    task = asyncio.create_task(elector.run(lead))
+    try:
+        await asyncio.wait_for(led.wait(), 2)
+        leases.stall = 1_000_000
+        cut = asyncio.get_running_loop().time()
+        await asyncio.wait_for(task, 5)
+        took = asyncio.get_running_loop().time() - cut
+        assert not elector.is_leader
+        # The renew deadline (1 s, rounded up by a stuck attempt of 0.5 s), then the release's
+        # 0.5 s at most.
+        assert took < config.renew_deadline + 2 * elector.attempt_timeout + 0.5, took
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+        await server.close()
