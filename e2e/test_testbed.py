@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from e2e.cluster import TestBed, wait_for
-from e2e.cluster.pki import CertificateAuthority
 from e2e.kubectl import Kubectl
+from multicluster.pki import CertificateAuthority
 
 
 def pods_running(kubectl: Kubectl, context: str, namespace: str, selector: str) -> int:
@@ -166,10 +166,8 @@ class _Webhook(BaseHTTPRequestHandler):
 def test_api_server_calls_a_webhook_served_on_loopback(
     testbed: TestBed, kubectl: Kubectl, namespace: str, tmp_path: Path
 ):
-    ca = CertificateAuthority("test-webhook-ca")
-    cert, key = ca.issue("webhook", ip_addresses=("127.0.0.1",), server=True).write(
-        tmp_path, "webhook"
-    )
+    ca = CertificateAuthority.new("test-webhook-ca", path_length=None)
+    cert, key = ca.issue("webhook", hosts=("127.0.0.1",), server=True).write_to(tmp_path, "webhook")
     handler = type("Handler", (_Webhook,), {"calls": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -15,10 +15,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from e2e.cluster.pki import CertificateAuthority
 from e2e.manifests import guide
 from multicluster import ClusterConfig
 from multicluster.errors import Forbidden, NotFound, Unauthorized, Unreachable, error_for
+from multicluster.pki import CertificateAuthority
 from multicluster_scheduler.cli import build_parser
 from multicluster_scheduler.connect import export as export_module
 from multicluster_scheduler.connect import manifests
@@ -51,8 +51,8 @@ from multicluster_scheduler.connect.kubeconfig import (
 from multicluster_scheduler.connect.problems import ConnectError, explain
 from multicluster_scheduler.connect.remote import Context, read_context
 
-CA = CertificateAuthority("context-ca").cert_pem
-OTHER_CA = CertificateAuthority("token-ca").cert_pem
+CA = CertificateAuthority.new("context-ca", path_length=None).cert_pem
+OTHER_CA = CertificateAuthority.new("token-ca", path_length=None).cert_pem
 
 
 def b64(data: bytes | str) -> str:

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .pki import CertificateAuthority, KeyPair, signing_key_pair
+from multicluster.pki import CertificateAuthority, KeyPair, signing_key_pair
+
 from .process import Process
 from .rest import ApiError, RestClient
 
@@ -178,24 +179,26 @@ class Cluster:
         pki = self.dir / "pki"
         pki.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
-        self.ca = ca = CertificateAuthority(f"{self.name}-ca")
-        ca.pair.write(pki, "ca")
+        self.ca = ca = CertificateAuthority.new(f"{self.name}-ca", path_length=None)
+        ca.pair.write_to(pki, "ca")
         ca.issue(
             "kube-apiserver",
-            dns_names=(
+            hosts=(
                 "localhost",
                 "kubernetes",
                 "kubernetes.default",
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
+                "127.0.0.1",
+                KUBERNETES_SERVICE_IP,
+                *self.server_addresses,
             ),
-            ip_addresses=("127.0.0.1", KUBERNETES_SERVICE_IP, *self.server_addresses),
             server=True,
-        ).write(pki, "apiserver")
+        ).write_to(pki, "apiserver")
         ca.issue(
             "kube-apiserver-kubelet-client", organizations=("kubeadm:cluster-admins",), client=True
-        ).write(pki, "apiserver-kubelet-client")
-        signing_key_pair().write(pki, "sa")
+        ).write_to(pki, "apiserver-kubelet-client")
+        signing_key_pair().write_to(pki, "sa")
         self.admin = ca.issue("kubernetes-admin", organizations=("system:masters",), client=True)
         identities = {
             "admin": self.admin,
@@ -219,7 +222,7 @@ class Cluster:
             path = self.dir / f"{who}.kubeconfig"
             path.write_text(json.dumps(config, indent=2))
             path.chmod(0o600)
-        admin_cert, admin_key = self.admin.write(pki, "admin")
+        admin_cert, admin_key = self.admin.write_to(pki, "admin")
         self.rest = RestClient(self.server, pki / "ca.crt", admin_cert, admin_key)
         self._write_debugging()
         self._define_processes()

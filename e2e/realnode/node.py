@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from e2e.cluster.pki import CertificateAuthority
 from e2e.cluster.process import Process
+from multicluster.pki import CertificateAuthority
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_SUBNET = ipaddress.ip_network("10.88.0.0/24")
@@ -189,7 +189,7 @@ class RealNode:
         pki = self.dir / "pki"
         pki.mkdir(exist_ok=True)
         client = ca.issue(f"system:node:{self.name}", organizations=("system:nodes",), client=True)
-        cert, key = client.write(pki, "kubelet-client")
+        cert, key = client.write_to(pki, "kubelet-client")
         kubeconfig = self.dir / "kubelet.kubeconfig"
         kubeconfig.write_text(
             json.dumps(

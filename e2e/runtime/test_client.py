@@ -9,7 +9,6 @@ import time
 import pytest
 
 from e2e.cluster import TestBed
-from e2e.cluster.pki import CertificateAuthority
 from e2e.cluster.testbed import kubeconfig
 from multicluster import (
     AlreadyExists,
@@ -23,6 +22,7 @@ from multicluster import (
     Unauthorized,
     Unreachable,
 )
+from multicluster.pki import CertificateAuthority
 from multicluster.resources import CONFIGMAPS, NODES, PODS
 
 
@@ -169,7 +169,9 @@ async def test_forbidden_and_unauthorized_are_told_apart(testbed: TestBed):
     nobody = Client(ClusterConfig.from_kubeconfig_data(_identity_kubeconfig(testbed, "x", None)))
     stranger = Client(
         ClusterConfig.from_kubeconfig_data(
-            _identity_kubeconfig(testbed, "x", CertificateAuthority("other-ca"))
+            _identity_kubeconfig(
+                testbed, "x", CertificateAuthority.new("other-ca", path_length=None)
+            )
         )
     )
     try:

@@ -18,26 +18,21 @@ import contextlib
 import datetime as dt
 import hashlib
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from multicluster import ApiError, Client, Conflict, Gone
 from multicluster.kubetime import format_time
+from multicluster.pki import KeyPair, key_pem, needs_renewal, public_der
+from multicluster.pki import certificate_request as pki_request
 from multicluster.resources import CERTIFICATE_SIGNING_REQUESTS as CSRS
 
-from ..webhook.certificates import (
-    KeyPair,
-    _pem_key,
-    needs_renewal,
-    new_serving_certificate,
-    subject_alternative_names,
-)
+from ..webhook.certificates import new_serving_certificate
 
 log = logging.getLogger(__name__)
 
@@ -89,24 +84,12 @@ def certificate_request(
     key: ec.EllipticCurvePrivateKey, node_name: str, addresses: list[str]
 ) -> bytes:
     """A PEM certificate request for the node's serving certificate at ``addresses``."""
-    request = (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(kubelet_subject(node_name))
-        .add_extension(subject_alternative_names(addresses), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return request.public_bytes(serialization.Encoding.PEM)
-
-
-def _public_der(key: ec.EllipticCurvePublicKey) -> bytes:
-    return key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    return pki_request(key, kubelet_subject(node_name), addresses)
 
 
 def csr_name(prefix: str, key: ec.EllipticCurvePrivateKey) -> str:
     """``<prefix>-<short hash of the public key>``: a new name for each key."""
-    return f"{prefix}-{hashlib.sha256(_public_der(key.public_key())).hexdigest()[:12]}"
+    return f"{prefix}-{hashlib.sha256(public_der(key.public_key())).hexdigest()[:12]}"
 
 
 def csr_object(
@@ -165,20 +148,10 @@ def serving_pair(certificate_pem: bytes, key: ec.EllipticCurvePrivateKey) -> Key
         chain = x509.load_pem_x509_certificates(certificate_pem)
     except ValueError as e:
         raise ValueError(f"the issued certificate is not PEM: {e}") from e
-    if _public_der(chain[0].public_key()) != _public_der(key.public_key()):
+    if public_der(chain[0].public_key()) != public_der(key.public_key()):
         raise ValueError("the issued certificate is for another key")
     pem = b"".join(cert.public_bytes(serialization.Encoding.PEM) for cert in chain)
-    return KeyPair(pem, _pem_key(key))
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` at once, with ``mode`` whatever the umask."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(temporary, mode)
-    os.replace(temporary, path)
+    return KeyPair(pem, key_pem(key))
 
 
 # -- obtaining it ------------------------------------------------------------------------------
@@ -367,8 +340,7 @@ class KubeletCertificates:
 
     def _install(self, pair: KeyPair, issuer: str, fallback_reason: str | None) -> None:
         self.cert_dir.mkdir(parents=True, exist_ok=True)
-        _write(self.key_file, pair.key_pem, 0o600)
-        _write(self.cert_file, pair.cert_pem, 0o644)
+        pair.write(self.cert_file, self.key_file)
         self.serving, self.issuer, self.fallback_reason = pair, issuer, fallback_reason
         for callback in self._reload_callbacks:
             callback(self.cert_file, self.key_file)

@@ -13,18 +13,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
-import ipaddress
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from multicluster import Client, Conflict, Request, Resource, Unreachable
 from multicluster.errors import ServerError, TooManyRequests
+from multicluster.pki import CertificateAuthority, KeyPair, needs_renewal
 from multicluster.resources import SECRETS
 
 log = logging.getLogger(__name__)
@@ -41,53 +37,9 @@ SERVING_VALIDITY = dt.timedelta(days=90)
 CA_CERT_KEY, CA_KEY_KEY = "ca.crt", "ca.key"
 
 
-@dataclass(frozen=True)
-class KeyPair:
-    cert_pem: bytes
-    key_pem: bytes
-
-    @property
-    def certificate(self) -> x509.Certificate:
-        return x509.load_pem_x509_certificate(self.cert_pem)
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
 def new_ca(common_name: str, now: dt.datetime | None = None) -> KeyPair:
-    now = now or dt.datetime.now(dt.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + CA_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-        .sign(key, hashes.SHA256())
-    )
-    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
+    """The webhook's CA: signs serving certificates only, for ten years."""
+    return CertificateAuthority.new(common_name, CA_VALIDITY, path_length=0, now=now).pair
 
 
 def service_hosts(service: str, namespace: str) -> list[str]:
@@ -99,17 +51,6 @@ def service_hosts(service: str, namespace: str) -> list[str]:
     ]
 
 
-def subject_alternative_names(hosts: list[str]) -> x509.SubjectAlternativeName:
-    """IP addresses as IP SANs, anything else as DNS SANs."""
-    sans: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            sans.append(x509.DNSName(host))
-    return x509.SubjectAlternativeName(sans)
-
-
 def new_serving_certificate(
     ca: KeyPair,
     hosts: list[str],
@@ -117,37 +58,11 @@ def new_serving_certificate(
     *,
     subject: x509.Name | None = None,
 ) -> KeyPair:
-    """A serving certificate for ``hosts`` (DNS names or IP addresses) signed by ``ca``; its
-    subject is ``subject``, or the first host as common name."""
-    now = now or dt.datetime.now(dt.UTC)
-    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
-    ca_cert = ca.certificate
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + SERVING_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(subject_alternative_names(hosts), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
+    """A serving certificate for ``hosts`` (DNS names or IP addresses) signed by ``ca``, valid
+    90 days; its subject is ``subject``, or the first host as common name."""
+    return CertificateAuthority(ca).issue(
+        subject or hosts[0], SERVING_VALIDITY, hosts=hosts, server=True, now=now
     )
-    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
-
-
-def needs_renewal(pair: KeyPair, now: dt.datetime | None = None) -> bool:
-    """True once less than a third of the certificate's validity is left."""
-    now = now or dt.datetime.now(dt.UTC)
-    cert = pair.certificate
-    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
-    return cert.not_valid_after_utc - now < lifetime / 3
 
 
 def ca_bundle_patch(configuration: dict, ca_pem: bytes) -> dict | None:
@@ -231,9 +146,7 @@ class CertificateManager:
         assert self.ca is not None
         self.serving = new_serving_certificate(self.ca, self.hosts)
         self.cert_dir.mkdir(parents=True, exist_ok=True)
-        self.key_file.touch(mode=0o600)
-        self.key_file.write_bytes(self.serving.key_pem)
-        self.cert_file.write_bytes(self.serving.cert_pem)
+        self.serving.write(self.cert_file, self.key_file)
         for callback in self._reload_callbacks:
             callback(self.cert_file, self.key_file)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from multicluster_scheduler.webhook.certificates import KeyPair, new_ca, new_serving_certificate
+from multicluster.pki import KeyPair
+from multicluster_scheduler.webhook.certificates import new_ca, new_serving_certificate
 from multicluster_scheduler.webhook.server import WebhookServer
 
 

@@ -11,9 +11,9 @@ import ssl
 
 from cryptography import x509
 
+from multicluster.pki import needs_renewal
 from multicluster_scheduler.webhook.certificates import (
     ca_bundle_patch,
-    needs_renewal,
     new_ca,
     new_serving_certificate,
     service_hosts,

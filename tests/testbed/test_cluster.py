@@ -10,8 +10,8 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from e2e.cluster.__main__ import parse_specs
-from e2e.cluster.pki import CertificateAuthority
 from e2e.cluster.testbed import free_ports, kubeconfig
+from multicluster.pki import CertificateAuthority
 
 
 def _args(**overrides) -> argparse.Namespace:
@@ -69,7 +69,7 @@ def test_kubeconfig_has_one_context_per_cluster():
 
 
 def test_issued_certificates_chain_to_the_ca_with_the_right_usages():
-    ca = CertificateAuthority("test-ca")
+    ca = CertificateAuthority.new("test-ca", path_length=None)
     pair = ca.issue("system:kube-scheduler", organizations=("system:masters",), client=True)
     cert = x509.load_pem_x509_certificate(pair.cert_pem)
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
@@ -84,9 +84,7 @@ def test_issued_certificates_chain_to_the_ca_with_the_right_usages():
     assert list(usages) == [ExtendedKeyUsageOID.CLIENT_AUTH]
 
     server = x509.load_pem_x509_certificate(
-        ca.issue(
-            "apiserver", dns_names=("localhost",), ip_addresses=("127.0.0.1",), server=True
-        ).cert_pem
+        ca.issue("apiserver", hosts=("localhost", "127.0.0.1"), server=True).cert_pem
     )
     sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert sans.get_values_for_type(x509.DNSName) == ["localhost"]

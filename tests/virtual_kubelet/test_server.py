@@ -246,7 +246,7 @@ def new_client_certificate(ca):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    from multicluster_scheduler.webhook.certificates import KeyPair
+    from multicluster.pki import KeyPair
 
     now = dt.datetime.now(dt.UTC)
     key = ec.generate_private_key(ec.SECP256R1())

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from multicluster.pki import KeyPair, needs_renewal
 from multicluster_scheduler.virtual_kubelet.serving import (
     APPROVAL_REASON,
     ISSUER_AGENT_CA,
@@ -30,7 +31,7 @@ from multicluster_scheduler.virtual_kubelet.serving import (
     refusal,
     serving_pair,
 )
-from multicluster_scheduler.webhook.certificates import KeyPair, needs_renewal, new_ca
+from multicluster_scheduler.webhook.certificates import new_ca
 
 ADDRESSES = ["127.0.0.1", "fd00::1", "agent.example.com"]
 
