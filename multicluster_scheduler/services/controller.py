@@ -89,7 +89,6 @@ class ServiceSync:
         self.local = local
         self.excluded = frozenset((*NEVER_TOUCHED, *excluded_namespaces))
         self.events = EventRecorder(local.client, "admiralty-services")
-        self._said_not_copied: set[tuple[str, str]] = set()  # ExternalName Services warned of
         self.controller = Controller("services", self.reconcile, workers=workers)
         self.services = self.controller.watch(
             local, SERVICES, transform=strip_managed_fields, predicates=[self._eligible]
@@ -169,14 +168,7 @@ class ServiceSync:
         return await self.copies.reconcile(namespace, name, service, wanted)
 
     def _say_not_copied(self, service: dict) -> None:
-        """A Warning on a global ExternalName Service, once."""
-        meta = service["metadata"]
-        key = (meta["namespace"], meta["name"])
-        if key in self._said_not_copied:
-            return
-        if len(self._said_not_copied) > 10_000:
-            self._said_not_copied.clear()
-        self._said_not_copied.add(key)
+        """A Warning on a global ExternalName Service (said again, it is counted)."""
         self.events.emit(
             service_reference(service),
             "Warning",

@@ -84,7 +84,6 @@ class IngressSync:
     ) -> None:
         self.local = local
         self.refused = refused
-        self._said_refused: dict[tuple[str, str], list[str]] = {}  # the last Warning, by Ingress
         self.excluded = frozenset((*NEVER_TOUCHED, *excluded_namespaces))
         self.events = EventRecorder(local.client, "admiralty-ingresses")
         self.controller = Controller("ingresses", self.reconcile, workers=workers)
@@ -128,19 +127,13 @@ class IngressSync:
         return self._routes_to_global(ingress) and not refused_annotations(ingress, self.refused)
 
     def _say_refused(self, ingress: dict | None, routes: bool) -> None:
-        """A Warning on an Ingress that would follow but for refused annotations, once until they
-        change."""
+        """A Warning on an Ingress that would follow but for refused annotations (said again,
+        it is counted; other annotations refused, another Warning)."""
         if ingress is None:
             return
-        meta = ingress["metadata"]
-        key = (meta["namespace"], meta["name"])
         refused = refused_annotations(ingress, self.refused) if routes else []
         if not refused:
-            self._said_refused.pop(key, None)
             return
-        if self._said_refused.get(key) == refused:
-            return
-        self._said_refused[key] = refused
         self.events.emit(
             ingress_reference(ingress),
             "Warning",
