@@ -4,19 +4,20 @@ Pod events keep a ledger of requests per node up to date, and they and node even
 one summary. The single worker recomputes it from the node cache and that ledger (a pass over
 nodes, not over 10,000s of pods), writes only when the result differs from the summary it sees
 (so a deleted or edited summary is restored; server-side apply: one request, create or update),
-and then waits ``min_interval`` while more events coalesce: at most about one write a second,
-however busy the cluster.
+and not sooner than ``min_interval`` after its last write (asked earlier, it comes back then,
+holding no worker, while more events coalesce): at most about one write a second, however busy
+the cluster.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
+import time
 
 from prometheus_client import Counter
 
-from multicluster import Cluster, Controller, EnqueueMapped, Request, metrics
+from multicluster import Cluster, Controller, EnqueueMapped, Request, Result, metrics
 from multicluster.informer import DELETED, object_key
 from multicluster.resources import NODES, PODS
 
@@ -44,6 +45,7 @@ class SummaryReconciler:
         self.cluster = cluster
         self.exclude = exclude
         self.min_interval = min_interval
+        self._written_at = float("-inf")
         self.nodes = cluster.informer(NODES, transform=slim_node)
         self.pods = cluster.informer(PODS, field_selector=NOT_PROXIES, transform=slim_pod)
         self.requested = RequestedLedger()
@@ -53,11 +55,14 @@ class SummaryReconciler:
     def _count(self, event: str, pod: dict, _old: dict | None, _initial: bool) -> None:
         self.requested.update(object_key(pod), None if event == DELETED else pod)
 
-    async def reconcile(self, request: Request) -> None:
+    async def reconcile(self, request: Request) -> Result | None:
+        wait = self._written_at + self.min_interval - time.monotonic()
+        if wait > 0:
+            return Result(requeue_after=wait)
         summary = summarize_nodes(self.nodes.list(), self.requested.by_node, self.exclude)
         current = self.summaries.get(keys.CLUSTER_SUMMARY_NAME)
         if current is not None and all(current.get(k) == v for k, v in summary.items()):
-            return
+            return None
         body = {
             "apiVersion": CLUSTER_SUMMARIES.api_version,
             "kind": CLUSTER_SUMMARIES.kind,
@@ -72,6 +77,7 @@ class SummaryReconciler:
             field_manager=FIELD_MANAGER,
             force=True,
         )
+        self._written_at = time.monotonic()
         SUMMARY_WRITES.inc()
         log.info(
             "cluster summary written cluster=%s nodes=%d groups=%d",
@@ -79,7 +85,7 @@ class SummaryReconciler:
             sum(g["count"] for g in summary["nodeGroups"]),
             len(summary["nodeGroups"]),
         )
-        await asyncio.sleep(self.min_interval)
+        return None
 
 
 def summary_controller(cluster: Cluster, *, exclude: re.Pattern | None = None) -> Controller:

@@ -27,8 +27,8 @@ from multicluster import (
     Cluster,
     Conflict,
     Controller,
-    Informer,
     NotFound,
+    Registration,
     Request,
     Result,
     Unreachable,
@@ -102,8 +102,8 @@ class PodSync:
         self.proxies.add_indexer(PROXY_UID_INDEX, proxy_uid_index)
         self.proxies.add_indexer(NODE_INDEX, _node_of)
         self.proxies.add_handler(self._proxy_event)
-        self._delegate_handlers: dict[str, tuple[Informer, object]] = {}
-        self._foreign: dict[str, tuple[Informer, object]] = {}
+        self._delegate_handlers: dict[str, Registration] = {}
+        self._foreign: dict[str, Registration] = {}
         self._failovers: dict[str, asyncio.TimerHandle] = {}
         self._away: set[str] = set()
         registry.on_connected(self._connected)
@@ -135,8 +135,7 @@ class PodSync:
                 request = Request(node, meta["namespace"], meta["name"])
                 self.orphans_controller.queue.add(request, low_priority=initial)
 
-        informer.add_handler(on_delegate)
-        self._delegate_handlers[node] = (informer, on_delegate)
+        self._delegate_handlers[node] = informer.add_handler(on_delegate)
         # Proxy pods bound there before we connected (an agent restart): a delegate that went
         # away meanwhile sends no event.
         for proxy in self.proxies.by_index(NODE_INDEX, node):
@@ -159,9 +158,9 @@ class PodSync:
                 )
 
     def _disconnected(self, connection: TargetConnection) -> None:
-        entry = self._delegate_handlers.pop(connection.node_name, None)
-        if entry is not None:
-            entry[0].remove_handler(entry[1])
+        registration = self._delegate_handlers.pop(connection.node_name, None)
+        if registration is not None:
+            registration.remove()
 
     def _target_changed(self, connection: TargetConnection) -> None:
         node = connection.node_name
@@ -214,15 +213,13 @@ class PodSync:
                 meta = pod["metadata"]
                 queue.add(Request(node, meta["namespace"], meta["name"]))
 
-        informer.add_handler(on_pod)
-        self._foreign[node] = (informer, on_pod)
+        self._foreign[node] = informer.add_handler(on_pod)
 
     async def unwatch_node(self, node: str) -> None:
-        entry = self._foreign.pop(node, None)
-        if entry is not None:
-            informer, handler = entry
-            informer.remove_handler(handler)
-            await self.local.remove_informer(informer)
+        registration = self._foreign.pop(node, None)
+        if registration is not None:
+            registration.remove()
+            await self.local.remove_informer(registration.informer)
 
     # -- proxy pods bound to virtual nodes ----------------------------------------------------
 
@@ -409,10 +406,10 @@ class PodSync:
     # -- pods that are not proxies ------------------------------------------------------------
 
     async def refuse(self, request: Request) -> Result | None:
-        entry = self._foreign.get(request.cluster)
-        if entry is None:
+        registration = self._foreign.get(request.cluster)
+        if registration is None:
             return None
-        pod = entry[0].get(request.name, request.namespace)
+        pod = registration.informer.get(request.name, request.namespace)
         if pod is None or is_terminal(pod) or is_deleting(pod):
             return None
         message = (
@@ -528,11 +525,12 @@ class PodSync:
         for proxy in self.proxies.by_index(NODE_INDEX, node):
             await self._let_go(proxy)
 
-    async def _let_go(self, proxy: dict, attempts: int = 5) -> bool:
-        """Remove our finalizer and delete the proxy pod (a fresh copy is read when the cached
-        one is behind); whether it is done."""
+    async def _let_go(self, proxy: dict) -> bool:
+        """Remove our finalizer and delete the proxy pod (a fresh copy is read once when the
+        cached one is behind); whether it is done. Not done, the caller's reconcile is retried:
+        retries belong to the controller's queue."""
         meta = proxy["metadata"]
-        for _ in range(attempts):
+        for _ in range(2):
             try:
                 if await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER) is None:
                     return True  # gone
