@@ -32,6 +32,7 @@ from .gc import (
 from .handler import EnqueueMapped, EnqueueObject, EnqueueOwner, EnqueueParent, EventHandler
 from .informer import (
     Informer,
+    Registration,
     index_by_label,
     index_by_owner_uid,
     object_key,
@@ -74,6 +75,7 @@ __all__ = [
     "ParentReferences",
     "ReadLimits",
     "Reconciler",
+    "Registration",
     "Request",
     "Resource",
     "ResponseTooLarge",

@@ -16,10 +16,11 @@ watch lines are split as chunks come, in time linear in their size, however long
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
 
 import aiohttp
@@ -316,7 +317,7 @@ class Client:
         limit: int = 500,
     ) -> tuple[list[dict], str]:
         """All items (following ``continue`` tokens) and the list's resourceVersion."""
-        items: list[dict] = []
+        items: builtins.list[dict] = []
         version = ""
         async for page in self.list_pages(
             resource,
@@ -337,7 +338,7 @@ class Client:
         label_selector: str | None = None,
         field_selector: str | None = None,
         limit: int = 500,
-    ) -> AsyncIterator[dict]:
+    ) -> AsyncGenerator[dict, None]:
         """The pages of a list, as the server sends them. A page over ``max_response_bytes``
         is asked again with a quarter of the ``limit`` (and so are the pages after it), down
         to one object; all pages together may not exceed ``max_list_bytes``."""
@@ -352,7 +353,9 @@ class Client:
         async for page in self._pausing(context, pages):
             yield page
 
-    async def _pausing(self, context: str, items: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    async def _pausing(
+        self, context: str, items: AsyncGenerator[dict, None]
+    ) -> AsyncGenerator[dict, None]:
         """``items``, unless the server is paused; a bad answer among them pauses it."""
         self._check(context)
         try:
@@ -369,7 +372,7 @@ class Client:
         label_selector: str | None,
         field_selector: str | None,
         limit: int,
-    ) -> AsyncIterator[dict]:
+    ) -> AsyncGenerator[dict, None]:
         """The pages of a list from a trusted server, as client-go reads them."""
         params: dict[str, Any] = {
             "labelSelector": label_selector,
@@ -402,7 +405,7 @@ class Client:
         label_selector: str | None,
         field_selector: str | None,
         limit: int,
-    ) -> AsyncIterator[dict]:
+    ) -> AsyncGenerator[dict, None]:
         """The pages of a list from a server that is not trusted: each within the limits, read
         while holding a slot once large, and used while it is held."""
         params: dict[str, Any] = {
@@ -469,8 +472,8 @@ class Client:
         timeout_seconds: int = 300,
         bookmarks: bool = True,
         idle_timeout: float | None = None,
-        on_open=None,
-    ) -> AsyncIterator[dict]:
+        on_open: Callable[[], object] | None = None,
+    ) -> AsyncGenerator[dict, None]:
         """Watch events as dicts ``{"type": ..., "object": ...}``; ends when the server ends it.
 
         An ``ERROR`` event with code 410 raises :class:`Gone`. ``idle_timeout`` ends a watch
@@ -496,8 +499,13 @@ class Client:
             yield event
 
     async def _events(
-        self, path: str, context: str, params: Any, idle_timeout: float | None, on_open
-    ) -> AsyncIterator[dict]:
+        self,
+        path: str,
+        context: str,
+        params: Any,
+        idle_timeout: float | None,
+        on_open: Callable[[], object] | None,
+    ) -> AsyncGenerator[dict, None]:
         try:
             async with self.watch_session.get(
                 self.config.server + path,
@@ -524,7 +532,7 @@ class Client:
 
     async def _lines(
         self, resp: aiohttp.ClientResponse, context: str, slot: Slot | None
-    ) -> AsyncIterator[dict]:
+    ) -> AsyncGenerator[dict, None]:
         """The events of a watch, a line each. The line being received is kept in pieces and
         joined once its newline comes (linear in its length, however it is cut). From a server
         that is not trusted, a line may be ``max_event_bytes``; past ``small`` bytes held,
@@ -534,7 +542,7 @@ class Client:
         limit = limits.max_event_bytes if limits else None
         small = limits.small if limits else 0
         loop = asyncio.get_running_loop()
-        pieces: list[bytes] = []
+        pieces: builtins.list[bytes] = []
         pending = 0  # bytes in pieces
         deadline: float | None = None  # while the slot is held
         while True:
@@ -700,7 +708,7 @@ class Client:
             resp.release()
 
     async def websocket(
-        self, path: str, *, params: Any = None, protocols: list[str] | tuple[str, ...] = ()
+        self, path: str, *, params: Any = None, protocols: builtins.list[str] | tuple[str, ...] = ()
     ) -> aiohttp.ClientWebSocketResponse:
         """A WebSocket to the server (pods/exec, pods/attach) offering ``protocols``; the
         caller closes it. A refused handshake raises the error for its status."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from .client import Client
 from .config import ClusterConfig
@@ -53,27 +54,32 @@ class Cluster:
 
     @classmethod
     def from_kubeconfig(
-        cls, name: str, path: str | None = None, context: str | None = None, **options
+        cls, name: str, path: str | None = None, context: str | None = None, **options: Any
     ) -> Cluster:
         """A kubeconfig context; the context defaults to the cluster's name."""
         return cls(name, ClusterConfig.from_kubeconfig(path, context or name), **options)
 
     @classmethod
     def from_kubeconfig_data(
-        cls, name: str, data: str | bytes, context: str | None = None, **options
+        cls, name: str, data: str | bytes, context: str | None = None, **options: Any
     ) -> Cluster:
         """A kubeconfig held as text, e.g. in a Secret."""
         return cls(name, ClusterConfig.from_kubeconfig_data(data, context), **options)
 
     @classmethod
     def from_secret(
-        cls, name: str, secret: dict, key: str = "config", context: str | None = None, **options
+        cls,
+        name: str,
+        secret: dict,
+        key: str = "config",
+        context: str | None = None,
+        **options: Any,
     ) -> Cluster:
         """A kubeconfig held in a Secret object (``data[key]``, base64 as the API returns it)."""
         return cls(name, ClusterConfig.from_secret(secret, key, context), **options)
 
     @classmethod
-    def in_cluster(cls, name: str, **options) -> Cluster:
+    def in_cluster(cls, name: str, **options: Any) -> Cluster:
         return cls(name, ClusterConfig.in_cluster(), **options)
 
     def informer(

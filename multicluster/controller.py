@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from . import metrics
 from .cluster import Cluster
 from .errors import ApiError
 from .handler import EnqueueObject, EventHandler
-from .informer import Informer
+from .informer import Informer, Registration
 from .predicate import Predicate
 from .reconcile import ReconcileFunc, Reconciler, Request, Result
 from .resources import Resource
@@ -37,11 +37,13 @@ class Controller:
         queue: WorkQueue[Request] | None = None,
     ) -> None:
         self.name = name
-        self._reconcile: ReconcileFunc = getattr(reconciler, "reconcile", reconciler)
+        self._reconcile: ReconcileFunc = (
+            reconciler.reconcile if hasattr(reconciler, "reconcile") else reconciler
+        )
         self.workers = workers
         self.needs_leader_election = needs_leader_election
         self.queue: WorkQueue[Request] = queue or WorkQueue(name)
-        self._watches: dict[str, list[tuple[Informer, object]]] = {}
+        self._watches: dict[str, list[Registration]] = {}
         self._ok = metrics.RECONCILE_TOTAL.labels(name, "success")
         self._errors = metrics.RECONCILE_ERRORS.labels(name)
         self._error_total = metrics.RECONCILE_TOTAL.labels(name, "error")
@@ -60,7 +62,7 @@ class Controller:
         predicates: Iterable[Predicate] = (),
         label_selector: str | None = None,
         field_selector: str | None = None,
-        transform=None,
+        transform: Callable[[dict], dict] | None = None,
     ) -> Informer:
         """Enqueue Requests for events of ``resource`` in ``cluster``; return the informer."""
         informer = cluster.informer(
@@ -82,18 +84,17 @@ class Controller:
             for request in mapper.requests(name, obj):
                 queue.add(request, low_priority=initial)
 
-        informer.add_handler(on_event)
-        self._watches.setdefault(name, []).append((informer, on_event))
+        self._watches.setdefault(name, []).append(informer.add_handler(on_event))
         return informer
 
     def unwatch(self, cluster_name: str) -> None:
         """Forget every watch in a cluster (when it is removed)."""
-        for informer, handler in self._watches.pop(cluster_name, ()):
-            informer.remove_handler(handler)
+        for registration in self._watches.pop(cluster_name, ()):
+            registration.remove()
 
     @property
     def informers(self) -> list[Informer]:
-        return [i for watches in self._watches.values() for i, _ in watches]
+        return [r.informer for watches in self._watches.values() for r in watches]
 
     def clusters(self) -> list[str]:
         return list(self._watches)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
+from collections.abc import Callable
 
 THRESHOLDS = (50_000, 50, 1_000)
 
@@ -33,7 +34,7 @@ def freeze_cached() -> None:
     gc.freeze()
 
 
-def _malloc_trim():
+def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
     try:
         return getattr(ctypes.CDLL(None), "malloc_trim", None)

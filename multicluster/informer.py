@@ -16,14 +16,16 @@ well and then refuses every watch would otherwise be asked again and again witho
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import random
 import sys
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from . import metrics
 from .client import Client
@@ -49,7 +51,7 @@ class _CachedObjects:
     cluster and resource (several informers of one resource, with different selectors, may run
     against one cluster)."""
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
             "informer_cached_objects",
             "Objects held in informer caches.",
@@ -160,7 +162,7 @@ class Store:
             return list(self._items.values())
         return self.by_index("namespace", namespace)
 
-    def by_index(self, index: str, value: str) -> list[dict]:
+    def by_index(self, index: str, value: str) -> builtins.list[dict]:
         keys = self._indexes[index].get(value, ())
         return [self._items[k] for k in keys]
 
@@ -194,6 +196,17 @@ class Store:
             keys.discard(key)
             if not keys:
                 del index[value]
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A handler registered with an informer."""
+
+    informer: Informer
+    handler: Handler
+
+    def remove(self) -> None:
+        self.informer.remove_handler(self.handler)
 
 
 class Informer:
@@ -247,12 +260,14 @@ class Informer:
 
     # -- public -------------------------------------------------------------------------------
 
-    def add_handler(self, handler: Handler) -> None:
-        """Register a handler; objects already cached are replayed to it as initial ADDED."""
+    def add_handler(self, handler: Handler) -> Registration:
+        """Register a handler; objects already cached are replayed to it as initial ADDED.
+        ``remove()`` on what it returns unregisters it (as client-go's registrations do)."""
         self._handlers.append(handler)
         if self.has_synced:
             for obj in self.store.list():
                 self._call(handler, ADDED, obj, None, True)
+        return Registration(self, handler)
 
     def remove_handler(self, handler: Handler) -> None:
         if handler in self._handlers:
@@ -278,7 +293,7 @@ class Informer:
     def list(self, namespace: str | None = None) -> list[dict]:
         return self.store.list(namespace)
 
-    def by_index(self, index: str, value: str) -> list[dict]:
+    def by_index(self, index: str, value: str) -> builtins.list[dict]:
         return self.store.by_index(index, value)
 
     def start(self) -> asyncio.Task:
@@ -393,7 +408,8 @@ class Informer:
         for key in self.store.list_keys():
             if key not in fresh:
                 old = self.store.delete(key)
-                self._dispatch(DELETED, old, None, False)
+                if old is not None:
+                    self._dispatch(DELETED, old, None, False)
         for key, obj in fresh.items():
             old = self.store.put(key, obj)
             if old is None:
@@ -477,7 +493,9 @@ class Informer:
         for handler in self._handlers:
             self._call(handler, kind, obj, old, initial)
 
-    def _call(self, handler: Handler, kind: str, obj: dict, old: dict | None, initial: bool):
+    def _call(
+        self, handler: Handler, kind: str, obj: dict, old: dict | None, initial: bool
+    ) -> None:
         try:
             handler(kind, obj, old, initial)
         except Exception:

@@ -15,8 +15,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from . import metrics
 from .client import Client
@@ -52,7 +53,7 @@ class LeaderElector:
         self.is_leader = False
         self._gauge = metrics.LEADER.labels(config.name)
 
-    async def run(self, lead: Callable[[], Awaitable[None]]) -> None:
+    async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Campaign until elected, run ``lead()`` while leading; return when leadership ends.
 
         ``lead`` is cancelled as soon as the lease cannot be renewed. Cancelling ``run`` releases
@@ -77,8 +78,9 @@ class LeaderElector:
                     config.name,
                     config.identity,
                 )
-            if leading in done and not leading.cancelled() and leading.exception():
-                raise leading.exception()
+            error = leading.exception() if leading in done and not leading.cancelled() else None
+            if error is not None:
+                raise error
         finally:
             self.is_leader = False
             self._gauge.set(0)

@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -30,6 +31,7 @@ from .controller import Controller
 from .leaderelection import LeaderElectionConfig, LeaderElector
 
 log = logging.getLogger(__name__)
+Runnable = Callable[[], Coroutine[Any, Any, None]]
 
 
 class LeadershipLost(RuntimeError):
@@ -59,7 +61,7 @@ class Manager:
         self.clusters: dict[str, Cluster] = {}
         self._required: set[str] = set()
         self.controllers: list[Controller] = []
-        self._runnables: list[tuple[Callable[[], Awaitable[None]], bool]] = []
+        self._runnables: list[tuple[Runnable, bool]] = []
         self._readiness_checks: list[Callable[[], str | None]] = []
         self._running = False
         self._stop = asyncio.Event()
@@ -109,7 +111,7 @@ class Manager:
         """``/readyz`` answers 503 with ``check()``'s reason while it returns one."""
         self._readiness_checks.append(check)
 
-    def add_runnable(self, run: Callable[[], Awaitable[None]], *, needs_leader: bool) -> None:
+    def add_runnable(self, run: Runnable, *, needs_leader: bool) -> None:
         """Any coroutine to run alongside controllers (e.g. a webhook server)."""
         self._runnables.append((run, needs_leader))
 
@@ -144,9 +146,13 @@ class Manager:
             for cluster in self.clusters.values():
                 if not cluster.has_synced:
                     self._spawn(self._report_sync(cluster))
-            always = [c.run for c in self.controllers if not c.needs_leader_election]
+            always: list[Runnable] = [
+                c.run for c in self.controllers if not c.needs_leader_election
+            ]
             always += [run for run, needs_leader in self._runnables if not needs_leader]
-            leader_only = [c.run for c in self.controllers if c.needs_leader_election]
+            leader_only: list[Runnable] = [
+                c.run for c in self.controllers if c.needs_leader_election
+            ]
             leader_only += [run for run, needs_leader in self._runnables if needs_leader]
             tasks += [loop.create_task(run()) for run in always]
             leading = None
@@ -156,8 +162,9 @@ class Manager:
             stop = loop.create_task(self._stop.wait())
             done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if task is not stop and not task.cancelled() and task.exception():
-                    raise task.exception()
+                error = None if task is stop or task.cancelled() else task.exception()
+                if error is not None:
+                    raise error
             if stop in done and self.shutdown_delay > 0:
                 await self._drain(leading, [t for t in tasks if t is not leading])
         finally:
@@ -199,7 +206,7 @@ class Manager:
 
         await asyncio.gather(*(wait(c) for c in self.clusters.values()))
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -209,7 +216,7 @@ class Manager:
         metrics.CLUSTER_SYNCED.labels(cluster.name).set(1)
         log.info("caches synced cluster=%s", cluster.name)
 
-    async def _lead(self, runs: list[Callable[[], Awaitable[None]]]) -> None:
+    async def _lead(self, runs: list[Runnable]) -> None:
         async def lead() -> None:
             await asyncio.gather(*(run() for run in runs))
 
@@ -251,8 +258,9 @@ class Manager:
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or ()
-        with contextlib.suppress(IndexError):
-            self.health_address = sockets[0].getsockname()[:2]
+        if sockets:
+            host, port = sockets[0].getsockname()[:2]
+            self.health_address = (host, port)
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")

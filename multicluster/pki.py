@@ -22,6 +22,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 PrivateKey = ec.EllipticCurvePrivateKey
@@ -74,7 +75,7 @@ def key_pem(key: PrivateKey) -> bytes:
     )
 
 
-def public_der(key: ec.EllipticCurvePublicKey) -> bytes:
+def public_der(key: PublicKeyTypes) -> bytes:
     """The public key as DER SubjectPublicKeyInfo: compare these to tell keys apart."""
     return key.public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo

@@ -18,6 +18,7 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -33,6 +34,7 @@ from multicluster import (
 )
 from multicluster.config import ConfigError
 from multicluster.errors import ServerError, TooManyRequests
+from multicluster.pki import KeyPair
 from multicluster.resources import NAMESPACES
 
 from .api.ingresses import DEFAULT_REFUSED_ANNOTATIONS
@@ -83,86 +85,130 @@ def parse_duration(text: str | float) -> float:
     return hours * 3600 + minutes * 60 + seconds
 
 
+DURATIONS = (
+    "leader_election_lease_duration",
+    "leader_election_renew_deadline",
+    "leader_election_retry_period",
+    "delegate_timeout",
+    "shutdown_delay",
+)
+
+
 class AgentSettings(BaseModel):
-    namespace: str = Field(min_length=1, description="namespace the chart is installed in")
+    """The agent's settings: each is a flag (``--webhook-port``) and an environment variable
+    (``MCS_WEBHOOK_PORT``), the flag first; defaults and help are said here only."""
+
+    namespace: str = Field(min_length=1, description="namespace of the release (required)")
     name: str = Field("multicluster-scheduler", min_length=1, description="release full name")
-    kubeconfig: str | None = None
-    context: str | None = None
+    kubeconfig: str | None = Field(None, description="run outside the cluster with this file")
+    context: str | None = Field(None, description="kubeconfig context")
     identity: str = Field(
-        default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname()
+        default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname(),
+        description="leader-election identity (default: $POD_NAME, else the host name)",
     )
-    webhook_host: str = "0.0.0.0"
-    webhook_port: int = Field(9443, ge=0, le=65535)
-    webhook_cert_hosts: list[str] = Field(default_factory=list)
-    webhook_cert_dir: Path | None = None
+    webhook_host: str = Field("0.0.0.0", description="listen address of the webhook")
+    webhook_port: int = Field(9443, ge=0, le=65535, description="HTTPS port of the webhook")
+    webhook_cert_hosts: list[str] = Field(
+        default_factory=list,
+        description="extra DNS name or IP of the serving certificate (repeatable; in the "
+        "environment, comma-separated)",
+        json_schema_extra={"flag": "--webhook-cert-host"},
+    )
+    webhook_cert_dir: Path | None = Field(
+        None, description="tls.crt/tls.key from cert-manager instead of self-managed certificates"
+    )
     node_address: str = Field(
         default_factory=lambda: os.environ.get("POD_IP") or "127.0.0.1",
-        description="address virtual nodes advertise (the agent's pod IP)",
+        description="address virtual nodes advertise (default: $POD_IP, the agent's pod IP)",
     )
-    kubelet_host: str = Field("", description="listen address of the kubelet API (all: '')")
-    kubelet_port: int = Field(10250, ge=1, le=65535)
+    kubelet_host: str = Field(
+        "", description="listen address of the kubelet API (empty: every address, IPv4 and IPv6)"
+    )
+    kubelet_port: int = Field(
+        10250,
+        ge=1,
+        le=65535,
+        description="port of the kubelet API (logs, exec, attach) of the virtual nodes",
+    )
     kubelet_serving_signer: str = Field(
         "kubernetes.io/kubelet-serving",
-        description="signer of the kubelet API's serving certificate (none: the agent's CA)",
+        description="signerName of the kubelet API's certificate request; none: the agent's CA",
     )
     kubelet_websockets: bool = Field(
         True,
-        description="virtual nodes declare ExtendWebSocketsToKubelet (API servers from 1.36 "
-        "then pass exec/attach WebSockets through instead of translating them to SPDY)",
+        description="true: virtual nodes declare ExtendWebSocketsToKubelet, so API servers from "
+        "1.36 pass exec and attach WebSockets through; false: they translate them to SPDY, as "
+        "older ones do",
     )
     kubelet_client_ca_file: Path | None = Field(
         None,
-        description="CA of the API server's kubelet client certificate (default: the "
+        description="CA that signs the API server's kubelet client certificate (default: the "
         "cluster's client CA, from kube-system/extension-apiserver-authentication)",
     )
-    health_host: str = "0.0.0.0"
-    health_port: int = Field(8080, ge=0, le=65535)
-    log_level: str = "info"
-    leader_election_lease_duration: float = 15.0
-    leader_election_renew_deadline: float = 10.0
-    leader_election_retry_period: float = 2.0
+    health_host: str = Field("0.0.0.0", description="listen address of /healthz, /readyz, /metrics")
+    health_port: int = Field(
+        8080, ge=0, le=65535, description="port of /healthz, /readyz, /metrics"
+    )
+    log_level: str = Field("info", description="debug, info, warning or error")
+    leader_election_lease_duration: float = Field(15.0, gt=0, description="lease duration")
+    leader_election_renew_deadline: float = Field(
+        10.0, gt=0, description="a leader that cannot renew this long stops leading"
+    )
+    leader_election_retry_period: float = Field(2.0, gt=0, description="between lease attempts")
     shutdown_delay: float = Field(
         0.0,
         ge=0,
-        description="after SIGTERM, how long the webhook keeps answering (the lease is released "
-        "at once): behind a Service, until API servers have seen this replica leave",
+        description="after SIGTERM, how long the webhook keeps answering while the lease is "
+        "already released (behind a Service: until API servers see the replica gone)",
     )
-    source_controller: bool = True
+    source_controller: bool = Field(
+        True, description="true or false (chart value sourceController.enabled)"
+    )
     webhook_process: bool = Field(
-        True, description="serve the webhook from a process of its own, not the agent's loop"
+        True,
+        description="true: the webhook answers from a process of its own, unaffected by the "
+        "controllers' load; false: from the agent's event loop",
     )
     cluster_name: str | None = Field(
         None,
         description="this cluster's name on delegates it creates (default: kube-system's uid)",
     )
     client_qps: float = Field(200.0, gt=0, description="API requests per second, per cluster")
-    client_burst: int = Field(400, ge=1)
-    scheduler_workers: int = Field(64, ge=1)
+    client_burst: int = Field(400, ge=1, description="API requests at once, per cluster")
+    scheduler_workers: int = Field(64, ge=1, description="proxy pods placed concurrently")
     delegate_timeout: float = Field(
-        30.0, gt=0, description="how long a target's scheduler may take to place a delegate"
+        30.0,
+        gt=0,
+        description="time a target's scheduler has to place a delegate before another target "
+        "is tried",
     )
     summary_exclude_labels: str | None = Field(
-        None, description="regular expression of node label keys left out of node groups"
+        None,
+        description="regular expression of node label keys left out of the ClusterSummary's "
+        "node groups",
     )
     ingress_refused_annotations: str | None = Field(
         DEFAULT_REFUSED_ANNOTATIONS,
-        description="regular expression of annotation keys that keep an Ingress from being "
-        "copied to targets (empty: none)",
+        description="regular expression: an Ingress with an annotation whose key it matches is "
+        "not copied to targets (raw configuration of their ingress controllers); empty: none",
     )
     max_targets_per_namespace: int = Field(
         DEFAULT_MAX_PER_NAMESPACE,
         ge=0,
-        description="Targets connected per namespace (each is a Node and a Lease), oldest first",
+        description="Targets of one namespace connected, oldest first (each becomes a Node and "
+        "a Lease); the others are TooManyTargets. ClusterTargets do not count",
     )
     target_cache_mib: int = Field(
         DEFAULT_CACHE_PER_NAMESPACE // MIB,
         ge=1,
-        description="MiB of objects the caches of one namespace's Targets hold together",
+        description="MiB of objects (their JSON) that the caches of one namespace's Targets "
+        "hold together; beyond it they are CacheFull",
     )
     cluster_target_cache_mib: int = Field(
         DEFAULT_CACHE_PER_CLUSTER_TARGET // MIB,
         ge=1,
-        description="MiB of objects the caches of one ClusterTarget hold",
+        description="MiB of objects (their JSON) that the caches of one ClusterTarget hold; "
+        "beyond it it is CacheFull",
     )
 
     @field_validator("summary_exclude_labels", "ingress_refused_annotations")
@@ -175,16 +221,9 @@ class AgentSettings(BaseModel):
                 raise ValueError(f"not a regular expression: {e}") from e
         return value or None
 
-    @field_validator(
-        "leader_election_lease_duration",
-        "leader_election_renew_deadline",
-        "leader_election_retry_period",
-        "delegate_timeout",
-        "shutdown_delay",
-        mode="before",
-    )
+    @field_validator(*DURATIONS, mode="before")
     @classmethod
-    def _duration(cls, value):
+    def _duration(cls, value: str | float) -> float:
         return parse_duration(value)
 
     @field_validator("log_level")
@@ -203,124 +242,49 @@ class AgentSettings(BaseModel):
         return self.webhook_cert_dir is None
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    def env(name: str, default=None):
-        return os.environ.get("MCS_" + name.upper().replace("-", "_"), default)
+def _shown(name: str, default: object) -> str | None:
+    """A default as a user writes it on the command line."""
+    if default is None or default == "":
+        return None
+    if isinstance(default, bool):
+        return str(default).lower()
+    if name in DURATIONS and isinstance(default, float):
+        return f"{default:g}s"
+    return str(default)
 
-    add = parser.add_argument
-    add("--namespace", default=env("namespace"), help="namespace of the release (required)")
-    add("--name", default=env("name", "multicluster-scheduler"), help="release full name")
-    add("--kubeconfig", default=env("kubeconfig"), help="run outside the cluster with this file")
-    add("--context", default=env("context"), help="kubeconfig context")
-    add("--identity", default=env("identity"), help="leader-election identity (default: POD_NAME)")
-    add("--webhook-host", default=env("webhook-host", "0.0.0.0"))
-    add("--webhook-port", default=env("webhook-port", "9443"))
-    add(
-        "--webhook-cert-host",
-        dest="webhook_cert_hosts",
-        action="append",
-        default=[h for h in (env("webhook-cert-hosts") or "").split(",") if h],
-        help="extra DNS name or IP of the serving certificate (repeatable)",
-    )
-    add(
-        "--webhook-cert-dir",
-        default=env("webhook-cert-dir"),
-        help="tls.crt/tls.key from cert-manager instead of self-managed certificates",
-    )
-    add(
-        "--node-address",
-        default=env("node-address"),
-        help="address of virtual nodes (default: $POD_IP)",
-    )
-    add(
-        "--kubelet-host",
-        default=env("kubelet-host", ""),
-        help="listen address of the kubelet API (default: every address, IPv4 and IPv6)",
-    )
-    add(
-        "--kubelet-port",
-        default=env("kubelet-port", "10250"),
-        help="port of the kubelet API (logs, exec, attach) of the virtual nodes",
-    )
-    add(
-        "--kubelet-serving-signer",
-        default=env("kubelet-serving-signer", "kubernetes.io/kubelet-serving"),
-        help="signerName of the kubelet API's certificate request; none: use the agent's CA",
-    )
-    add(
-        "--kubelet-websockets",
-        default=env("kubelet-websockets", "true"),
-        help="true: virtual nodes declare ExtendWebSocketsToKubelet, so API servers from 1.36 "
-        "pass exec and attach WebSockets through; false: they translate them to SPDY, as "
-        "older ones do",
-    )
-    add(
-        "--kubelet-client-ca-file",
-        default=env("kubelet-client-ca-file"),
-        help="CA that signs the API server's kubelet client certificate (default: the "
-        "cluster's client CA)",
-    )
-    add("--health-host", default=env("health-host", "0.0.0.0"))
-    add("--health-port", default=env("health-port", "8080"))
-    add("--log-level", default=env("log-level", "info"))
-    add("--leader-election-lease-duration", default=env("leader-election-lease-duration", "15s"))
-    add("--leader-election-renew-deadline", default=env("leader-election-renew-deadline", "10s"))
-    add("--leader-election-retry-period", default=env("leader-election-retry-period", "2s"))
-    add(
-        "--shutdown-delay",
-        default=env("shutdown-delay", "0s"),
-        help="after SIGTERM, how long the webhook keeps answering while the lease is already "
-        "released (behind a Service: until API servers see the replica gone; default 0s)",
-    )
-    add("--cluster-name", default=env("cluster-name"), help="default: the kube-system uid")
-    add("--client-qps", default=env("client-qps", "200"), help="API requests/s per cluster")
-    add("--client-burst", default=env("client-burst", "400"))
-    add("--scheduler-workers", default=env("scheduler-workers", "64"))
-    add(
-        "--delegate-timeout",
-        default=env("delegate-timeout", "30s"),
-        help="time a target's scheduler has to place a delegate before another target is tried",
-    )
-    add(
-        "--summary-exclude-labels",
-        default=env("summary-exclude-labels"),
-        help="regular expression of node label keys left out of the ClusterSummary's node groups",
-    )
-    add(
-        "--ingress-refused-annotations",
-        default=env("ingress-refused-annotations", DEFAULT_REFUSED_ANNOTATIONS),
-        help="regular expression: an Ingress with an annotation whose key it matches is not "
-        "copied to targets (raw configuration of their ingress controllers); empty: none",
-    )
-    add(
-        "--max-targets-per-namespace",
-        default=env("max-targets-per-namespace", str(DEFAULT_MAX_PER_NAMESPACE)),
-        help="Targets of one namespace connected, oldest first (each becomes a Node and a "
-        "Lease); the others are TooManyTargets. ClusterTargets do not count",
-    )
-    add(
-        "--target-cache-mib",
-        default=env("target-cache-mib", str(DEFAULT_CACHE_PER_NAMESPACE // MIB)),
-        help="MiB of objects (their JSON) that the caches of one namespace's Targets hold "
-        "together; beyond it they are CacheFull",
-    )
-    add(
-        "--cluster-target-cache-mib",
-        default=env("cluster-target-cache-mib", str(DEFAULT_CACHE_PER_CLUSTER_TARGET // MIB)),
-        help="MiB of objects (their JSON) that the caches of one ClusterTarget hold; beyond it "
-        "it is CacheFull",
-    )
-    add(
-        "--source-controller",
-        default=env("source-controller", "true"),
-        help="true or false (chart value sourceController.enabled)",
-    )
-    add(
-        "--webhook-process",
-        default=env("webhook-process", "true"),
-        help="true: the webhook answers from a process of its own, unaffected by the "
-        "controllers' load; false: from the agent's event loop",
-    )
+
+def _metavar(name: str, annotation: object) -> str:
+    if name in DURATIONS:
+        return "DURATION"
+    if annotation is bool:
+        return "BOOL"
+    if annotation in (int, float):
+        return "N"
+    if annotation == Path | None:
+        return "PATH"
+    return "HOST" if annotation == list[str] else "VALUE"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag per setting; an unset flag takes its ``MCS_`` variable, else the default."""
+    for name, field in AgentSettings.model_fields.items():
+        variable = "MCS_" + name.upper()
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        shown = (
+            None if field.is_required() or field.default_factory else _shown(name, field.default)
+        )
+        help_text = field.description or ""
+        help_text += f" (default: {shown}; ${variable})" if shown else f" (${variable})"
+        value = os.environ.get(variable)
+        metavar = _metavar(name, field.annotation)
+        if field.annotation == list[str]:
+            listed = [v for v in (value or "").split(",") if v]
+            parser.add_argument(
+                flag, dest=name, action="append", default=listed, metavar=metavar, help=help_text
+            )
+        else:
+            parser.add_argument(flag, dest=name, default=value, metavar=metavar, help=help_text)
 
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:
@@ -355,11 +319,10 @@ async def cluster_identity(
 
 
 async def run(settings: AgentSettings) -> None:
-    options = {"qps": settings.client_qps, "burst": settings.client_burst}
+    options: dict[str, Any] = {"qps": settings.client_qps, "burst": settings.client_burst}
     if settings.kubeconfig or settings.context:
-        cluster = Cluster(
-            "local", ClusterConfig.from_kubeconfig(settings.kubeconfig, settings.context), **options
-        )
+        config = ClusterConfig.from_kubeconfig(settings.kubeconfig, settings.context)
+        cluster = Cluster("local", config, **options)
     else:
         cluster = Cluster.in_cluster("local", **options)
     cluster_name = settings.cluster_name or await cluster_identity(cluster.client)
@@ -377,102 +340,9 @@ async def run(settings: AgentSettings) -> None:
         shutdown_delay=settings.shutdown_delay,
     )
     manager.add_cluster(cluster)
-    exclude = (
-        re.compile(settings.summary_exclude_labels) if settings.summary_exclude_labels else None
-    )
-    manager.add_controller(summary_controller(cluster, exclude=exclude))
-    if settings.source_controller:
-        manager.add_controller(sources_controller(cluster))
-    else:  # Sources it gave a finalizer to may still be deleted (docs/sources.md)
-        manager.add_controller(finalizer_cleanup_controller(cluster))
-    registry = TargetRegistry()
-    manager.add_controller(
-        targets_controller(
-            cluster,
-            manager,
-            registry,
-            cluster_options=options,
-            limits=TargetLimits(
-                max_per_namespace=settings.max_targets_per_namespace,
-                cache_per_namespace=settings.target_cache_mib * MIB,
-                cache_per_cluster_target=settings.cluster_target_cache_mib * MIB,
-            ),
-        )
-    )
-    heartbeat = SourceHeartbeat(cluster, registry, cluster_name)
-    manager.add_runnable(heartbeat.run, needs_leader=True)
-    keeper = DelegateKeeper(cluster, cluster_name)
-    manager.add_runnable(keeper.run, needs_leader=True)
-    lookup = DelegateLookup(registry, proxy_informer(cluster), cluster_name)
-    follow = Follow(cluster, lookup)
-    for controller in follow.controllers:
-        manager.add_controller(controller)
-    manager.add_runnable(follow.resync_forever, needs_leader=True)
-    scheduler = Scheduler(
-        cluster,
-        lookup,
-        verify_timeout=settings.delegate_timeout,
-        workers=settings.scheduler_workers,
-        prepare=follow.prepare,
-    )
-    manager.add_controller(scheduler.controller)
-    pods = PodSync(cluster, lookup)
-    for controller in pods.controllers:
-        manager.add_controller(controller)
-    services = ServiceSync(
-        cluster, registry, cluster_name=cluster_name, excluded_namespaces=(settings.namespace,)
-    )
-    manager.add_controller(services.controller)
-    refused = settings.ingress_refused_annotations
-    ingresses = IngressSync(
-        cluster,
-        registry,
-        cluster_name=cluster_name,
-        excluded_namespaces=(settings.namespace,),
-        refused=re.compile(refused) if refused else None,
-    )
-    manager.add_controller(ingresses.controller)
-    virtual_kubelet = VirtualKubelet(
-        cluster.client,
-        registry,
-        address=settings.node_address,
-        port=settings.kubelet_port,
-        owner=await release_owner(cluster.client, settings.name),
-        pods=pods,
-        features=None if settings.kubelet_websockets else [],
-    )
-    manager.add_runnable(virtual_kubelet.sweep, needs_leader=True)
+    lookup = await add_controllers(manager, cluster, settings, cluster_name, options)
     with tempfile.TemporaryDirectory(prefix="webhook-") as scratch:
-        if settings.self_managed_certificates:
-            certificates = CertificateManager(
-                cluster.client,
-                namespace=settings.namespace,
-                ca_secret=settings.ca_secret,
-                webhook_configuration=settings.name,
-                hosts=[
-                    *service_hosts(settings.name, settings.namespace),
-                    *settings.webhook_cert_hosts,
-                ],
-                cert_dir=Path(scratch),
-            )
-            await certificates.load_ca()
-            certificates.issue()
-            cert_file, key_file = certificates.cert_file, certificates.key_file
-            ca_bundle = Controller("webhook-ca-bundle", certificates.reconcile_ca_bundle, workers=1)
-            ca_bundle.watch(
-                cluster, MUTATING_WEBHOOKS, field_selector=f"metadata.name={settings.name}"
-            )
-            manager.add_controller(ca_bundle)
-            manager.add_runnable(certificates.renew_forever, needs_leader=False)
-        else:
-            assert settings.webhook_cert_dir is not None
-            cert_file = settings.webhook_cert_dir / "tls.crt"
-            key_file = settings.webhook_cert_dir / "tls.key"
-        serve = WebhookProcess if settings.webhook_process else WebhookServer
-        webhook = serve(settings.webhook_host, settings.webhook_port, cert_file, key_file)
-        if settings.self_managed_certificates:
-            certificates.on_reload(webhook.reload_certificate)
-        manager.add_runnable(webhook.serve, needs_leader=False)
+        ca = await add_webhook(manager, cluster, settings, Path(scratch))
         kubelet_api = KubeletApi(
             cluster.client,
             lookup,
@@ -483,13 +353,10 @@ async def run(settings: AgentSettings) -> None:
             signer=settings.kubelet_serving_signer,
             client_ca_file=settings.kubelet_client_ca_file,
             cert_dir=Path(scratch) / "kubelet",
-            ca=certificates.ca if settings.self_managed_certificates else None,
+            ca=ca,
             leading=lambda: manager.is_leader,
         )
         manager.add_runnable(kubelet_api.run, needs_leader=False)
-        manager.add_readiness_check(
-            lambda: None if webhook.started else "the webhook is not serving yet"
-        )
         log.info(
             "agent starting namespace=%s name=%s identity=%s cluster=%s webhook_port=%d",
             settings.namespace,
@@ -499,6 +366,126 @@ async def run(settings: AgentSettings) -> None:
             settings.webhook_port,
         )
         await manager.run(handle_signals=True)
+
+
+def add_cluster_controllers(
+    manager: Manager,
+    cluster: Cluster,
+    settings: AgentSettings,
+    cluster_name: str,
+    options: dict[str, Any],
+) -> TargetRegistry:
+    """This cluster's summary, its Sources, its Targets and what keeps their delegates."""
+    exclude = settings.summary_exclude_labels
+    manager.add_controller(
+        summary_controller(cluster, exclude=re.compile(exclude) if exclude else None)
+    )
+    if settings.source_controller:
+        manager.add_controller(sources_controller(cluster))
+    else:  # Sources it gave a finalizer to may still be deleted (docs/sources.md)
+        manager.add_controller(finalizer_cleanup_controller(cluster))
+    registry = TargetRegistry()
+    limits = TargetLimits(
+        max_per_namespace=settings.max_targets_per_namespace,
+        cache_per_namespace=settings.target_cache_mib * MIB,
+        cache_per_cluster_target=settings.cluster_target_cache_mib * MIB,
+    )
+    manager.add_controller(
+        targets_controller(cluster, manager, registry, cluster_options=options, limits=limits)
+    )
+    manager.add_runnable(SourceHeartbeat(cluster, registry, cluster_name).run, needs_leader=True)
+    manager.add_runnable(DelegateKeeper(cluster, cluster_name).run, needs_leader=True)
+    return registry
+
+
+async def add_controllers(
+    manager: Manager,
+    cluster: Cluster,
+    settings: AgentSettings,
+    cluster_name: str,
+    options: dict[str, Any],
+) -> DelegateLookup:
+    """Every controller and loop of the agent but the webhook's and the kubelet API's."""
+    registry = add_cluster_controllers(manager, cluster, settings, cluster_name, options)
+    lookup = DelegateLookup(registry, proxy_informer(cluster), cluster_name)
+    # Made in this order, as they register with the registry and the informers.
+    follow = Follow(cluster, lookup)
+    scheduler = Scheduler(
+        cluster,
+        lookup,
+        verify_timeout=settings.delegate_timeout,
+        workers=settings.scheduler_workers,
+        prepare=follow.prepare,
+    )
+    pods = PodSync(cluster, lookup)
+    excluded = (settings.namespace,)
+    refused = settings.ingress_refused_annotations
+    services = ServiceSync(
+        cluster, registry, cluster_name=cluster_name, excluded_namespaces=excluded
+    )
+    ingresses = IngressSync(
+        cluster,
+        registry,
+        cluster_name=cluster_name,
+        excluded_namespaces=excluded,
+        refused=re.compile(refused) if refused else None,
+    )
+    for controller in (
+        *follow.controllers,
+        scheduler.controller,
+        *pods.controllers,
+        services.controller,
+        ingresses.controller,
+    ):
+        manager.add_controller(controller)
+    manager.add_runnable(follow.resync_forever, needs_leader=True)
+    virtual_kubelet = VirtualKubelet(
+        cluster.client,
+        registry,
+        address=settings.node_address,
+        port=settings.kubelet_port,
+        owner=await release_owner(cluster.client, settings.name),
+        pods=pods,
+        features=None if settings.kubelet_websockets else [],
+    )
+    manager.add_runnable(virtual_kubelet.sweep, needs_leader=True)
+    return lookup
+
+
+async def add_webhook(
+    manager: Manager, cluster: Cluster, settings: AgentSettings, scratch: Path
+) -> KeyPair | None:
+    """The webhook's server, with its certificates (made here, or cert-manager's); the CA made
+    here, if any (the kubelet API falls back on it)."""
+    certificates = None
+    if settings.webhook_cert_dir is None:
+        certificates = CertificateManager(
+            cluster.client,
+            namespace=settings.namespace,
+            ca_secret=settings.ca_secret,
+            webhook_configuration=settings.name,
+            hosts=[*service_hosts(settings.name, settings.namespace), *settings.webhook_cert_hosts],
+            cert_dir=scratch,
+        )
+        await certificates.load_ca()
+        certificates.issue()
+        cert_file, key_file = certificates.cert_file, certificates.key_file
+        ca_bundle = Controller("webhook-ca-bundle", certificates.reconcile_ca_bundle, workers=1)
+        ca_bundle.watch(cluster, MUTATING_WEBHOOKS, field_selector=f"metadata.name={settings.name}")
+        manager.add_controller(ca_bundle)
+        manager.add_runnable(certificates.renew_forever, needs_leader=False)
+    else:
+        cert_file = settings.webhook_cert_dir / "tls.crt"
+        key_file = settings.webhook_cert_dir / "tls.key"
+    serve = WebhookProcess if settings.webhook_process else WebhookServer
+    webhook = serve(settings.webhook_host, settings.webhook_port, cert_file, key_file)
+    if certificates is not None:
+        certificates.on_reload(webhook.reload_certificate)
+    manager.add_runnable(webhook.serve, needs_leader=False)
+    manager.add_readiness_check(
+        lambda: None if webhook.started else "the webhook is not serving yet"
+    )
+    return certificates.ca if certificates is not None else None
 
 
 def main(args: argparse.Namespace) -> int:

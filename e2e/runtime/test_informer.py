@@ -82,8 +82,13 @@ async def test_sync_events_indexes_and_transform(connect, namespace: str):
     assert informer.get("before", namespace) is None
 
     late = Recorder()
-    informer.add_handler(late)
+    registration = informer.add_handler(late)
     assert {(e, n) for e, n, _ in late.events} == {(ADDED, "after"), (ADDED, "kube-root-ca.crt")}
+    # Removed, a handler hears nothing more; the others still do.
+    registration.remove()
+    await client.create(CONFIGMAPS, configmap("last", namespace))
+    await recorder.wait(ADDED, "last")
+    assert not late.seen(ADDED, "last")
 
 
 async def test_bookmarks_advance_an_idle_informer(connect, namespace: str):

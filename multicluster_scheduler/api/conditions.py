@@ -12,12 +12,15 @@ def ready_condition(
     its status changes."""
     status = "Unknown" if ready is None else ("True" if ready else "False")
     old = next((c for c in previous or () if c.get("type") == "Ready"), None)
-    changed = old is None or old.get("status") != status
+    if old is None or old.get("status") != status:
+        since = format_time()
+    else:
+        since = old.get("lastTransitionTime")
     return {
         "type": "Ready",
         "status": status,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": (format_time() if changed else old.get("lastTransitionTime")),
+        "lastTransitionTime": since,
         "observedGeneration": generation,
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Any
 
 import orjson
 
@@ -42,7 +43,7 @@ def _names(items: object, *path: str) -> Iterable[str]:
             yield value
 
 
-def references(spec: dict) -> dict[str, set[str]]:
+def references(spec: Any) -> dict[str, set[str]]:
     """Names of the config maps and secrets a pod spec uses, by kind: volumes (plain and
     projected), ``env`` key references and ``envFrom`` of every container, and image pull
     secrets."""
@@ -152,7 +153,7 @@ def slim_followed(obj: dict) -> dict:
     parents = {k: v for k, v in annotations.items() if k.startswith(keys.PREFIX + "parent-")}
     if parents:
         slim["annotations"] = parents
-    result = {"metadata": slim, "hash": content_hash(obj)}
+    result: dict[str, object] = {"metadata": slim, "hash": content_hash(obj)}
     if obj.get("type"):
         result["type"] = obj["type"]
     if obj.get("immutable"):

@@ -173,8 +173,8 @@ def not_ready_message(
     message = f"{what} in context {context} not Ready after {timeout:g}s: {reason}"
     if condition.get("message"):
         message += f" ({condition['message']})"
-    hint = READY_HINTS.get(reason)
-    return f"{message}; {hint}" if hint else message
+    advice = READY_HINTS.get(reason)
+    return f"{message}; {advice}" if advice else message
 
 
 async def join(

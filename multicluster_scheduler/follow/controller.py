@@ -33,6 +33,7 @@ from multicluster import (
     Informer,
     Invalid,
     NotFound,
+    Registration,
     Request,
     Result,
 )
@@ -67,7 +68,6 @@ PREPARE_TIMEOUT = 5.0
 REMOVAL_CONCURRENCY = 8  # copies deleted at once from a removed target (it may claim thousands)
 NOT_CACHED_RETRY = 2.0
 FOREIGN_RETRY = 60.0  # someone else's object of the same name: looked at again after this
-WARN_EVERY = 600.0
 RESYNC_EVERY = 300.0
 HEALTH_PERIOD = 2.0
 RESOURCES: dict[str, Resource] = {CONFIG_MAP: CONFIGMAPS, SECRET: SECRETS}
@@ -109,11 +109,10 @@ class Follower:
         self.copies: dict[str, Informer] = {}  # by virtual node name
         self._delegates: dict[str, Informer] = {}  # by virtual node name
         self._healthy: dict[str, bool] = {}  # whether its caches were healthy last time
-        self._handlers: dict[str, list[tuple[Informer, object]]] = {}
+        self._handlers: dict[str, list[Registration]] = {}
         self._locks: dict[Key, tuple[asyncio.Lock, int]] = {}
         self._written: dict[Key, tuple[str, float]] = {}  # → (hash, monotonic time)
         self._foreign: dict[Key, float] = {}  # → monotonic time until which it is skipped
-        self._warned: dict[tuple[Key, str], float] = {}
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -179,16 +178,17 @@ class Follower:
                 if not queue.failures(request):  # else retried with backoff already
                     queue.add(request, low_priority=initial)
 
-        connection.delegates.add_handler(on_delegate)
-        copies.add_handler(on_copy)
         self.copies[node] = copies
         self._delegates[node] = connection.delegates
-        self._handlers[node] = [(connection.delegates, on_delegate), (copies, on_copy)]
+        self._handlers[node] = [
+            connection.delegates.add_handler(on_delegate),
+            copies.add_handler(on_copy),
+        ]
 
     def disconnected(self, connection: TargetConnection) -> None:
         node = connection.node_name
-        for informer, handler in self._handlers.pop(node, ()):
-            informer.remove_handler(handler)
+        for registration in self._handlers.pop(node, ()):
+            registration.remove()
         self.copies.pop(node, None)
         self._delegates.pop(node, None)
         self._healthy.pop(node, None)
@@ -320,7 +320,7 @@ class Follower:
                 if not is_followed(source):
                     self._warn(key, source, connection, "NotCopied")
                     continue
-                if ours and copy["hash"] == source["hash"]:
+                if ours and copy is not None and copy["hash"] == source["hash"]:
                     remaining += 1
                     continue
                 if copy is not None and not ours:
@@ -333,7 +333,7 @@ class Follower:
             elif ours:
                 written = self._written.get(key)
                 young = written is not None and now - written[1] < GRACE
-                if not gone and (young or _age(copy) < GRACE):
+                if not gone and (young or (copy is not None and _age(copy) < GRACE)):
                     remaining += 1
                     later(GRACE / 2)
                     continue
@@ -506,13 +506,7 @@ class Follower:
         )
 
     def _warn(self, key: Key, source: dict, connection: TargetConnection, reason: str) -> None:
-        """A Warning event on the source, at most once per ``WARN_EVERY`` per target."""
-        now = time.monotonic()
-        if now - self._warned.get((key, reason), -WARN_EVERY) < WARN_EVERY:
-            return
-        if len(self._warned) > 10_000:
-            self._warned = {k: t for k, t in self._warned.items() if now - t < WARN_EVERY}
-        self._warned[(key, reason)] = now
+        """A Warning event on the source (said again, it is counted: see EventRecorder)."""
         meta = source["metadata"]
         if reason == "CopyConflict":
             message = (

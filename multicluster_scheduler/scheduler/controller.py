@@ -29,7 +29,9 @@ from multicluster import (
     Cluster,
     Conflict,
     Controller,
+    Informer,
     NotFound,
+    Registration,
     Request,
     Result,
     Unreachable,
@@ -92,7 +94,7 @@ CREATE_TIMEOUT = 20.0
 Prepare = Callable[[TargetConnection, dict], Awaitable[None]]
 
 
-def proxy_informer(local: Cluster):
+def proxy_informer(local: Cluster) -> Informer:
     """The cache of proxy pods, shared with the virtual kubelet (same selector and transform)."""
     informer = local.informer(PODS, field_selector=PROXY_FIELD_SELECTOR, transform=slim_proxy)
     informer.add_indexer(PROXY_UID_INDEX, proxy_uid_index)
@@ -156,7 +158,8 @@ class SpreadLedger:
             self._counts.setdefault(owner, Counter())[node] += 1
 
     def count(self, owner: str | None, node: str) -> int:
-        return self._counts.get(owner, {}).get(node, 0) if owner else 0
+        counts = self._counts.get(owner) if owner else None
+        return counts[node] if counts is not None else 0
 
 
 class Scheduler:
@@ -183,7 +186,7 @@ class Scheduler:
         self._assumed: dict[str, tuple[str, dict[str, Fraction]]] = {}
         self._assumed_totals: dict[str, dict[str, Fraction]] = {}
         self._constraints: dict[str, Constraints] = {}
-        self._delegate_handlers: dict[str, tuple[object, object]] = {}
+        self._delegate_handlers: dict[str, Registration] = {}
         self._retry_pending = False
         # Delegates being created, by whoever owns the targets (a namespace, a ClusterTarget).
         self._creating: Counter[str] = Counter()
@@ -230,7 +233,9 @@ class Scheduler:
             node = placement.node
         self.spread.set(uid, controller_uid(pod), node)
 
-    def _namespace_enabled(self, event: str, namespace: dict, _old, initial: bool) -> None:
+    def _namespace_enabled(
+        self, event: str, namespace: dict, _old: dict | None, initial: bool
+    ) -> None:
         if event != ADDED or initial:
             return
         name = namespace["metadata"]["name"]
@@ -255,15 +260,13 @@ class Scheduler:
                 if not proxy["spec"].get("nodeName"):
                     self.controller.queue.add(self._request(proxy), low_priority=initial)
 
-        informer.add_handler(on_delegate)
-        self._delegate_handlers[connection.node_name] = (informer, on_delegate)
+        self._delegate_handlers[connection.node_name] = informer.add_handler(on_delegate)
         self._target_changed(connection)
 
     def _disconnected(self, connection: TargetConnection) -> None:
-        entry = self._delegate_handlers.pop(connection.node_name, None)
-        if entry is not None:
-            informer, handler = entry
-            informer.remove_handler(handler)
+        registration = self._delegate_handlers.pop(connection.node_name, None)
+        if registration is not None:
+            registration.remove()
 
     def _target_changed(self, _connection: TargetConnection) -> None:
         self._retry_unschedulable()
@@ -413,12 +416,12 @@ class Scheduler:
         if mine:
             return await self._verify(proxy, *mine[0])
         if placement is not None:
-            connection = self.registry.by_node(placement.node)
+            chosen = self.registry.by_node(placement.node)
             waited = time.time() - placement.started
-            if connection is not None and connection.cluster is not None:
+            if chosen is not None and chosen.cluster is not None:
                 if waited < self.verify_timeout:
                     return Result(requeue_after=self.verify_timeout - waited)
-                await _delete(connection, _named(proxy, placement.delegate), "never seen")
+                await _delete(chosen, _named(proxy, placement.delegate), "never seen")
             self._exclude(uid, placement.node, "the delegate never appeared in the target")
         return await self._place(request, proxy)
 

@@ -185,10 +185,11 @@ def constraints(manifest: dict) -> Constraints:
         terms = _list(_mapping(required, where).get("nodeSelectorTerms"), where)
         if not terms:
             raise ValueError(f"{where} must not be empty")
-    preferred = []
+    preferred: list[tuple[Any, dict]] = []
     where = "preferredDuringSchedulingIgnoredDuringExecution"
     for i, item in enumerate(_list(node_affinity.get(where), where)):
         item = _mapping(item, f"{where}[{i}]")
+        # The weight is checked where it is used (an integer, not negative).
         preferred.append((item.get("weight"), item.get("preference") or {}))
     return Constraints(
         node_selector=dict(_mapping(spec.get("nodeSelector"), "spec.nodeSelector")),
@@ -452,7 +453,7 @@ class _Summary:
 _summaries: OrderedDict[int, tuple[dict, Any, _Summary | None]] = OrderedDict()
 
 
-def _parsed(summary: dict) -> _Summary | None:
+def _parsed(summary: Any) -> _Summary | None:
     """The summary parsed, None when it is malformed. Cached by identity and resourceVersion:
     summaries are treated as immutable (as informers' objects are); the cache holds a reference
     to each summary it keeps, so an id is never reused while cached."""

@@ -42,6 +42,7 @@ from multicluster import (
     Informer,
     Invalid,
     NotFound,
+    Registration,
     Request,
     Resource,
     Result,
@@ -131,7 +132,7 @@ class TargetCopies:
         self.to_copy = to_copy
         self.events = events
         self.informers: dict[str, Informer] = {}  # copies in each target, by virtual node name
-        self._handlers: dict[str, tuple[Informer, object]] = {}
+        self._handlers: dict[str, Registration] = {}
         self._watching: dict[str, asyncio.Task] = {}  # by node: resyncs of its copies
         self._ready: dict[str, bool] = {}
         # Warnings said, until the situation changes: (ns, name) → node → reason.
@@ -189,9 +190,8 @@ class TargetCopies:
                 if not queue.failures(request):
                     queue.add(request, low_priority=initial)
 
-        copies.add_handler(on_copy)
         self.informers[node] = copies
-        self._handlers[node] = (copies, on_copy)
+        self._handlers[node] = copies.add_handler(on_copy)
         self._watching[node] = asyncio.get_running_loop().create_task(
             self._watch_copies(connection, copies), name=f"{self.kind.noun}-copies-{node}"
         )
@@ -251,9 +251,9 @@ class TargetCopies:
 
     def _disconnected(self, connection: TargetConnection) -> None:
         node = connection.node_name
-        entry = self._handlers.pop(node, None)
-        if entry is not None:
-            entry[0].remove_handler(entry[1])
+        registration = self._handlers.pop(node, None)
+        if registration is not None:
+            registration.remove()
         self.informers.pop(node, None)
         self._ready.pop(node, None)
         task = self._watching.pop(node, None)

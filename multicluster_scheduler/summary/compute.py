@@ -31,7 +31,7 @@ def is_virtual(node: dict) -> bool:
 def slim_pod(pod: dict) -> dict:
     meta, spec = pod["metadata"], pod.get("spec") or {}
 
-    def requests(containers) -> list[dict]:
+    def requests(containers: Any) -> list[dict]:
         return [
             {
                 "requests": ((c.get("resources") or {}).get("requests")) or {},

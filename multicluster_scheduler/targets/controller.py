@@ -28,12 +28,14 @@ from multicluster import (
     Forbidden,
     Manager,
     NotFound,
+    Registration,
     Request,
     Result,
     Unauthorized,
 )
 from multicluster.config import ConfigError
 from multicluster.events import EventRecorder
+from multicluster.informer import Handler
 from multicluster.resources import PODS, SECRETS
 
 from ..api import keys
@@ -156,7 +158,7 @@ class TargetsReconciler:
         registry.target_nodes = self._target_nodes
         self.controller: Controller | None = None
         self._config_keys: dict[str, tuple] = {}
-        self._handlers: dict[str, object] = {}
+        self._handlers: dict[str, Registration] = {}
 
     def _target_nodes(self) -> set[str] | None:
         if not (self.targets.has_synced and self.cluster_targets.has_synced):
@@ -210,6 +212,7 @@ class TargetsReconciler:
         if not self.secrets.has_synced:  # a Secret not seen yet is not a missing one
             return Result(requeue_after=RECHECK_NOT_READY)
         problem = await self._connect(connection, target, request)
+        ready: bool | None
         if problem is not None:
             ready, reason, message = False, *problem
         else:
@@ -271,9 +274,9 @@ class TargetsReconciler:
             )
         )
         summaries = cluster.informer(CLUSTER_SUMMARIES, field_selector=SINGLETON)
-        enqueue = self._enqueuer(request, connection)
-        summaries.add_handler(enqueue)
-        self._handlers[connection.node_name] = enqueue
+        self._handlers[connection.node_name] = summaries.add_handler(
+            self._enqueuer(request, connection)
+        )
         # Delegates live in the proxy's namespace: a namespaced Target sees only its own.
         delegates = cluster.informer(
             PODS,
@@ -293,7 +296,7 @@ class TargetsReconciler:
         log.info("target connected node=%s server=%s", connection.node_name, cluster.config.server)
         return None
 
-    def _enqueuer(self, request: Request, connection: TargetConnection):
+    def _enqueuer(self, request: Request, connection: TargetConnection) -> Handler:
         def on_summary(_event: str, _obj: dict, _old: dict | None, _initial: bool) -> None:
             self.registry.changed(connection)
             if self.controller is not None:
@@ -305,9 +308,9 @@ class TargetsReconciler:
         cluster = connection.cluster
         delegates = connection.delegates
         self._config_keys.pop(connection.node_name, None)
-        handler = self._handlers.pop(connection.node_name, None)
-        if connection.summaries is not None and handler is not None:
-            connection.summaries.remove_handler(handler)
+        registration = self._handlers.pop(connection.node_name, None)
+        if registration is not None:
+            registration.remove()
         if cluster is not None:
             self.registry.disconnected(connection)
         connection.cluster, connection.summaries, connection.delegates = None, None, None

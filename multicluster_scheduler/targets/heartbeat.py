@@ -82,16 +82,17 @@ class SourceHeartbeat:
         must be seen deleted while it is there, or the target would take them for delegates
         deleted while it is away, and create them again."""
         node = connection.node_name
+        renew: set[str] = set()
+        expired: set[str] = set()
         if not connection.delegates_synced:
             # Which namespaces have delegates is not known now, but this cluster may still
             # delete some there: every heartbeat it knows is renewed, none expires.
-            renew = {ns for at, ns in self._last_used if at == node}
+            renew.update(ns for at, ns in self._last_used if at == node)
             if connection.namespace:
                 renew.add(connection.namespace)
-            return renew, set()
+            return renew, expired
         for namespace in self.namespaces(connection):
             self._last_used[(node, namespace)] = now
-        renew, expired = set(), set()
         for (at, namespace), used in self._last_used.items():
             if at == node:
                 (renew if now - used <= LINGER else expired).add(namespace)

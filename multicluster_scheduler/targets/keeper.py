@@ -99,7 +99,7 @@ class DelegateKeeper:
         if before is not None and (gone or before != source):
             self._lease_sources.pop(lease_key, None)
             self._forget_heartbeat(meta["namespace"], before)
-        if gone or source == self.cluster_name:
+        if gone or source is None or source == self.cluster_name:
             return
         self._lease_sources[lease_key] = source
         renewed = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
+from pathlib import Path
 
 from multicluster import ApiError, Client, Unreachable
 from multicluster.resources import Resource
@@ -92,7 +93,7 @@ def kind_of(path: str) -> str:
     return {"containerLogs": "logs", "exec": "exec", "attach": "attach"}.get(kind, "other")
 
 
-def server_context(cert_file, key_file, client_ca_pem: bytes) -> ssl.SSLContext:
+def server_context(cert_file: Path, key_file: Path, client_ca_pem: bytes) -> ssl.SSLContext:
     """TLS that requires a client certificate from the cluster's client CA."""
     # Only the client CA: never the system's public CAs (load_default_certs).
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

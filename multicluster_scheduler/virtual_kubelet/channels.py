@@ -113,7 +113,7 @@ async def relay(
     the caller is told so, not left to believe the command succeeded."""
     said = False  # the target sent the error channel: the command's status
 
-    async def pump(source, sink, down: bool) -> None:
+    async def pump(source: Any, sink: Any, down: bool) -> None:
         nonlocal said
         async for message in source:
             if message.type == aiohttp.WSMsgType.BINARY:

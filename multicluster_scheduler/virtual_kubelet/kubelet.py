@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from multicluster import ApiError, Client, Unreachable
@@ -141,7 +141,7 @@ class KubeletApi:
                 log.warning("cannot follow the client CA, retrying: %s", e)
             await asyncio.sleep(RETRY)
 
-    async def _client_cas(self):
+    async def _client_cas(self) -> AsyncGenerator[bytes, None]:
         if self.client_ca_file:
             while True:
                 await asyncio.sleep(CLIENT_CA_FILE_CHECK)
@@ -168,7 +168,7 @@ class KubeletApi:
         log.info("kubelet API trusts the cluster's current client CA")
 
 
-async def _logged(work, what: str) -> None:
+async def _logged(work: Awaitable[None], what: str) -> None:
     """Run a background loop; say so if it ever fails (instead of a silent dead task)."""
     try:
         await work

@@ -100,7 +100,7 @@ class NodeLoop:
             self._node = await self.client.patch(
                 NODES, self.name, {"metadata": patch}, patch_type="strategic"
             )
-        await self._renew_lease()
+        await self._renew_lease(meta["uid"])
         desired = node_status(
             summary,
             self.connection.ready,
@@ -122,7 +122,7 @@ class NodeLoop:
             )
             self._status_written = time.monotonic()
 
-    async def _renew_lease(self) -> None:
+    async def _renew_lease(self, node_uid: str) -> None:
         spec = {
             "holderIdentity": self.name,
             "leaseDurationSeconds": LEASE_DURATION,
@@ -143,7 +143,7 @@ class NodeLoop:
                                 "apiVersion": "v1",
                                 "kind": "Node",
                                 "name": self.name,
-                                "uid": self._node["metadata"]["uid"],
+                                "uid": node_uid,
                             }
                         ],
                     },

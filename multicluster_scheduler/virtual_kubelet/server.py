@@ -19,7 +19,7 @@ import asyncio
 import logging
 import re
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,7 +183,9 @@ class KubeletServer:
     # -- authentication and authorization ------------------------------------------------------
 
     @web.middleware
-    async def _authenticate(self, request: web.Request, handler) -> web.StreamResponse:
+    async def _authenticate(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         if request.path == "/healthz":
             return await handler(request)
         transport = request.transport
@@ -298,7 +300,7 @@ class KubeletServer:
 
     # -- exec and attach -----------------------------------------------------------------------
 
-    def _streamer(self, kind: str):
+    def _streamer(self, kind: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(request: web.Request) -> web.StreamResponse:
             return await self.remote_command(request, kind)
 
@@ -545,7 +547,7 @@ class _Front(asyncio.Protocol):
         self.transport: Any = None
         self.buffer = bytearray()
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:

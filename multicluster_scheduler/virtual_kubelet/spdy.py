@@ -17,7 +17,7 @@ import asyncio
 import logging
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class Stream:
             self.finished = True
             await self.session.send(data_frame(self.id, b"", fin=True))
 
-    async def chunks(self):
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         while True:
             chunk = await self.received.get()
             if chunk is None:
@@ -198,7 +198,8 @@ class Session(asyncio.Protocol):
         self._can_write.set()
 
     # asyncio.Protocol
-    def connection_made(self, transport) -> None:  # set_protocol does not call it
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # set_protocol skips it
+        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:

@@ -18,8 +18,9 @@ import asyncio.sslproto
 import base64
 import contextlib
 import logging
+import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ import uvicorn
 
 from multicluster_scheduler.webhook.mutation import is_elected, label_warnings, mutation_patch
 
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
 log = logging.getLogger("multicluster_scheduler.webhook.server")
 
 RESULTS = ("allowed", "patched", "refused", "malformed")
@@ -121,13 +124,13 @@ def smaller_tls_buffers() -> None:
 def create_app(count: Count) -> Callable:
     """The ASGI application: ``POST /mutate``; ``count(result)`` is called once per answer."""
 
-    async def send_json(send, status: int, body: dict, extra: tuple = ()) -> None:
+    async def send_json(send: Send, status: int, body: dict, extra: tuple = ()) -> None:
         payload = orjson.dumps(body)
         headers = [*JSON_HEADERS, (b"content-length", str(len(payload)).encode()), *extra]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
-    async def app(scope, receive, send) -> None:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         if scope["path"] != "/mutate":
@@ -169,10 +172,12 @@ class _Server(uvicorn.Server):
     on_started: Callable[[], None] | None = None
 
     @contextlib.contextmanager
-    def capture_signals(self):  # signals belong to the agent (or, in the child, to its pipe)
+    def capture_signals(
+        self,
+    ) -> Generator[None, None, None]:  # signals belong to the agent (or, in the child, to its pipe)
         yield
 
-    async def startup(self, sockets=None) -> None:
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and self.on_started is not None:
             self.on_started()

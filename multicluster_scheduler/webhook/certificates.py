@@ -14,6 +14,7 @@ import asyncio
 import base64
 import datetime as dt
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
@@ -109,7 +110,7 @@ class CertificateManager:
     def key_file(self) -> Path:
         return self.cert_dir / "tls.key"
 
-    def on_reload(self, callback) -> None:
+    def on_reload(self, callback: Callable[[Path, Path], object]) -> None:
         self._reload_callbacks.append(callback)
 
     async def load_ca(self) -> KeyPair:

@@ -19,9 +19,10 @@ import mmap
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from multicluster import metrics
 from multicluster_scheduler.webhook import app
@@ -57,7 +58,7 @@ class AnswerCounts:
     def inc(self, result: str) -> None:
         self.values[self._index[result]] += 1
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
             "webhook_requests",
             "Admission requests answered, by webhook and result "

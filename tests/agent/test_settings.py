@@ -65,3 +65,22 @@ def test_the_charts_summary_exclusion_flag_is_understood(monkeypatch):
     assert parse([]).summary_exclude_labels == "^a$"
     with pytest.raises(ValueError, match="not a regular expression"):
         parse(["--summary-exclude-labels", "("])
+
+
+def test_every_setting_is_a_flag_and_a_variable_with_its_help_and_default(monkeypatch):
+    parser = argparse.ArgumentParser()
+    agent.add_arguments(parser)
+    actions = {a.dest: a for a in parser._actions}
+    for name, field in agent.AgentSettings.model_fields.items():
+        action = actions[name]
+        assert field.description, f"{name} says what it is"
+        assert f"$MCS_{name.upper()}" in action.help
+        if not field.is_required() and field.default_factory is None and field.default:
+            assert "(default: " in action.help, name
+    assert "default: 15s;" in actions["leader_election_lease_duration"].help
+    assert "default: true;" in actions["kubelet_websockets"].help
+    # The flag wins over the variable.
+    monkeypatch.setenv("MCS_NAMESPACE", "from-env")
+    monkeypatch.setenv("MCS_CLIENT_QPS", "5")
+    settings = parse(["--namespace", "from-flag"])
+    assert (settings.namespace, settings.client_qps) == ("from-flag", 5.0)

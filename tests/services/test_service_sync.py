@@ -453,7 +453,7 @@ async def test_events_of_a_copy_that_keeps_failing_wait_for_its_backoff(world: W
     """A target that keeps changing a copy whose writes fail would otherwise have it retried
     at the rate of its events, not with backoff."""
     connection = next(c for c in world.registry.connections.values() if c.name == "c2")
-    _informer, on_copy = world.sync.copies._handlers[connection.node_name]
+    on_copy = world.sync.copies._handlers[connection.node_name].handler
     queue = world.sync.controller.queue
     copy = service("old")
     copy["metadata"]["annotations"] = {
