@@ -4,16 +4,21 @@ Started by the agent (``server.WebhookProcess``), never by hand. It serves the w
 event loop, so admissions never wait behind the agent's controllers; counts its answers in a
 small memory-mapped file the agent exports as metrics; prints ``started`` once it listens; reads
 ``{"reload": [CERT, KEY]}`` lines (JSON) on stdin; and exits when stdin closes (the agent
-stopped or died). Ctrl-C on a terminal is the agent's to handle: the child ignores SIGINT.
+stops: requests in flight are answered first). If the agent dies at once (killed, out of
+memory), so does the child, on Linux, as the two would in one container: a webhook whose agent
+is gone must not go on answering. Ctrl-C on a terminal is the agent's to handle: the child
+ignores SIGINT.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import logging
 import mmap
+import os
 import signal
 import sys
 from pathlib import Path
@@ -59,6 +64,18 @@ async def serve(args: argparse.Namespace, counts: memoryview) -> None:
         listening.cancel()
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent: int) -> None:
+    """SIGKILL when ``parent`` dies (Linux); gone already, exit now."""
+    prctl = getattr(ctypes.CDLL(None), "prctl", None)
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m multicluster_scheduler.webhook.child")
     parser.add_argument("--host", required=True)
@@ -69,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         "--counts-fd", type=int, required=True, help="inherited file of the answer counters"
     )
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--parent-pid", type=int, help="the agent's: the child dies with it")
     args = parser.parse_args(argv)
+    if args.parent_pid:
+        die_with(args.parent_pid)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

@@ -142,6 +142,7 @@ class WebhookProcess:
             f"--key-file={self.key_file}",
             f"--counts-fd={self.counts.fd}",
             f"--log-level={level}",
+            f"--parent-pid={os.getpid()}",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             pass_fds=(self.counts.fd,),

@@ -110,3 +110,68 @@ def test_the_webhook_process_loads_neither_the_runtime_nor_the_kubernetes_packag
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+AGENT = """
+import asyncio, sys
+from pathlib import Path
+from multicluster_scheduler.webhook.server import WebhookProcess
+
+async def main():
+    cert, key, port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    server = WebhookProcess("127.0.0.1", port, cert, key)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    print(server.pid, flush=True)
+    await task
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+async def test_the_webhook_process_dies_with_an_agent_that_is_killed(tmp_path: Path):
+    """Killed at once (SIGKILL, out of memory), the agent takes its webhook with it, as one
+    container would: no admission is answered by a webhook whose agent is gone."""
+    import sys
+
+    ca = new_ca("test-ca")
+    pair = new_serving_certificate(ca, ["127.0.0.1"])
+    pair.write(tmp_path / "tls.crt", tmp_path / "tls.key")
+    port = free_port()
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        AGENT,
+        str(tmp_path / "tls.crt"),
+        str(tmp_path / "tls.key"),
+        str(port),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert agent.stdout is not None
+        async with asyncio.timeout(30):
+            child = int(await agent.stdout.readline())
+        await served_certificate(port, ca.cert_pem)
+        # Stopped, the child cannot see its stdin close: only the kernel can end it.
+        os.kill(child, signal.SIGSTOP)
+        agent.kill()
+        await agent.wait()
+        async with asyncio.timeout(2):
+            while _alive(child):
+                await asyncio.sleep(0.01)
+        with pytest.raises(ConnectionRefusedError):
+            await served_certificate(port, ca.cert_pem)
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Running or stopped (a zombie, waiting to be reaped, serves nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
