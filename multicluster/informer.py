@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import logging
 import random
 import sys
@@ -200,10 +201,10 @@ class Store:
 
 @dataclass(frozen=True)
 class Registration:
-    """A handler registered with an informer."""
+    """A handler registered with an informer (an event handler, or a healthy handler)."""
 
     informer: Informer
-    handler: Handler
+    handler: Callable[..., Any]
 
     def remove(self) -> None:
         self.informer.remove_handler(self.handler)
@@ -244,8 +245,11 @@ class Informer:
         self._watch_opened: float | None = None
         self.store = Store()
         self.resource_version = ""
-        self.last_error: Exception | None = None
+        self._last_error: Exception | None = None
+        self._was_healthy = False
         self._handlers: list[Handler] = []
+        self._healthy_handlers: list[Callable[[], None]] = []
+        self._resyncs: dict[Handler, tuple[float, asyncio.TimerHandle | None]] = {}
         self._synced = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._labels = (self.cluster, str(resource))
@@ -260,18 +264,38 @@ class Informer:
 
     # -- public -------------------------------------------------------------------------------
 
-    def add_handler(self, handler: Handler) -> Registration:
+    def add_handler(self, handler: Handler, *, resync_period: float | None = None) -> Registration:
         """Register a handler; objects already cached are replayed to it as initial ADDED.
-        ``remove()`` on what it returns unregisters it (as client-go's registrations do)."""
+        ``remove()`` on what it returns unregisters it (as client-go's registrations do).
+
+        With ``resync_period``, every cached object is also handed to it again that often, as
+        ``MODIFIED`` with ``old`` the object itself (client-go's resync), while the informer is
+        healthy: a controller looks again at what no event would bring back."""
         self._handlers.append(handler)
         if self.has_synced:
             for obj in self.store.list():
                 self._call(handler, ADDED, obj, None, True)
+        if resync_period is not None:
+            self._resyncs[handler] = (resync_period, None)
+            with contextlib.suppress(RuntimeError):  # no loop yet: scheduled when started
+                self._schedule_resync(handler)
         return Registration(self, handler)
 
-    def remove_handler(self, handler: Handler) -> None:
+    def add_healthy_handler(self, callback: Callable[[], None]) -> Registration:
+        """``callback()`` whenever the informer becomes healthy: at its first sync, and each
+        time it recovers from a failed list or watch (a relist, or a watch resumed, says nothing
+        of objects that did not change meanwhile, whatever was given up on while it failed)."""
+        self._healthy_handlers.append(callback)
+        return Registration(self, callback)
+
+    def remove_handler(self, handler: Callable[..., Any]) -> None:
         if handler in self._handlers:
             self._handlers.remove(handler)
+        if handler in self._healthy_handlers:
+            self._healthy_handlers.remove(handler)
+        _, timer = self._resyncs.pop(handler, (0.0, None))
+        if timer is not None:
+            timer.cancel()
 
     def add_indexer(self, name: str, func: IndexFunc) -> None:
         self.store.add_indexer(name, func)
@@ -300,9 +324,16 @@ class Informer:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self.run(), name=repr(self))
             _running.add(self)
+            for handler, (_, timer) in self._resyncs.items():
+                if timer is None:
+                    self._schedule_resync(handler)
         return self._task
 
     async def stop(self) -> None:
+        for handler, (period, timer) in self._resyncs.items():
+            if timer is not None:
+                timer.cancel()
+            self._resyncs[handler] = (period, None)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -420,6 +451,7 @@ class Informer:
         self.last_error = None
         if initial:
             self._synced.set()
+        self._note_health()
 
     async def _watch(self) -> None:
         transform = self.transform
@@ -486,7 +518,42 @@ class Informer:
     @property
     def healthy(self) -> bool:
         """Synced, and the last list or watch succeeded."""
-        return self.has_synced and self.last_error is None
+        return self.has_synced and self._last_error is None
+
+    @property
+    def last_error(self) -> Exception | None:
+        """Why the last list or watch failed, until one succeeds."""
+        return self._last_error
+
+    @last_error.setter
+    def last_error(self, error: Exception | None) -> None:
+        self._last_error = error
+        self._note_health()
+
+    def _note_health(self) -> None:
+        healthy = self.healthy
+        if healthy and not self._was_healthy:
+            for callback in list(self._healthy_handlers):
+                try:
+                    callback()
+                except Exception:
+                    log.exception("healthy handler failed informer=%r", self)
+        self._was_healthy = healthy
+
+    def _schedule_resync(self, handler: Handler) -> None:
+        period, timer = self._resyncs[handler]
+        if timer is not None:
+            timer.cancel()
+        timer = asyncio.get_running_loop().call_later(period, self._resync, handler)
+        self._resyncs[handler] = (period, timer)
+
+    def _resync(self, handler: Handler) -> None:
+        if handler not in self._resyncs:
+            return
+        if self.healthy:
+            for obj in self.store.list():
+                self._call(handler, MODIFIED, obj, obj, False)
+        self._schedule_resync(handler)
 
     def _dispatch(self, kind: str, obj: dict, old: dict | None, initial: bool) -> None:
         self._event_counters[kind].inc()

@@ -438,7 +438,6 @@ async def add_controllers(
         ingresses.controller,
     ):
         manager.add_controller(controller)
-    manager.add_runnable(follow.resync_forever, needs_leader=True)
     virtual_kubelet = VirtualKubelet(
         cluster.client,
         registry,

@@ -25,7 +25,7 @@ async def test_an_event_said_again_is_counted_on_the_one_written(connect, namesp
     await recorder.record(config_map, "Warning", "Odd", "something else")
     for _ in range(5):  # past the burst of 5 writes: held back
         await recorder.record(config_map, "Normal", "Chatty", "again")
-    events = await client.list(EVENTS, namespace)
+    events, _ = await client.list(EVENTS, namespace)
     said = sorted((e["reason"], e["message"], e["count"]) for e in events)
     assert said == [
         ("Chatty", "again", 1),
@@ -39,9 +39,9 @@ async def test_an_event_said_again_is_counted_on_the_one_written(connect, namesp
     # An Event deleted meanwhile (they expire after an hour) is written anew.
     fresh = EventRecorder(client, "test")
     await fresh.record(config_map, "Normal", "Gone", "soon deleted")
-    (written,) = [e for e in await client.list(EVENTS, namespace) if e["reason"] == "Gone"]
+    (written,) = [e for e in (await client.list(EVENTS, namespace))[0] if e["reason"] == "Gone"]
     await client.delete(EVENTS, written["metadata"]["name"], namespace)
     await fresh.record(config_map, "Normal", "Gone", "soon deleted")
-    again = [e for e in await client.list(EVENTS, namespace) if e["reason"] == "Gone"]
+    again = [e for e in (await client.list(EVENTS, namespace))[0] if e["reason"] == "Gone"]
     assert [e["count"] for e in again] == [1]
     assert again[0]["metadata"]["name"] != written["metadata"]["name"]

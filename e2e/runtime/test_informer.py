@@ -222,3 +222,52 @@ async def test_cached_objects_count_every_informer_of_a_cluster_as_it_changes(
     assert cached() == 3, "current while the watch goes on, not only when it ends"
     await cluster.stop()
     assert cached() is None, "stopped informers are not counted"
+
+
+async def test_resyncs_and_healthy_handlers(testbed: TestBed, connect, namespace: str):
+    """A handler with a resync period gets every cached object again (MODIFIED, old the object
+    itself); healthy handlers hear of the first sync and of each recovery, never while the
+    informer fails."""
+    proxy = TcpProxy(testbed["cluster1"].apiserver_port)
+    await proxy.start()
+    config = ClusterConfig.from_kubeconfig(str(testbed.kubeconfig), "cluster1")
+    config.server = f"https://127.0.0.1:{proxy.port}"
+    cluster = Cluster("cluster1", config, idle_timeout=2)
+    writer = connect("cluster1", "writer").client
+    await writer.create(CONFIGMAPS, configmap("kept", namespace))
+    try:
+        informer = cluster.informer(CONFIGMAPS, namespace)
+        resynced: list[tuple[str, bool]] = []
+        informer.add_handler(
+            lambda event, obj, old, _initial: resynced.append(
+                (obj["metadata"]["name"], event == MODIFIED and old is obj)
+            ),
+            resync_period=0.5,
+        )
+        healthy: list[float] = []
+        loop = asyncio.get_running_loop()
+        informer.add_healthy_handler(lambda: healthy.append(loop.time()))
+        cluster.start()
+        assert await informer.wait_synced(10)
+        assert len(healthy) == 1, "told of the first sync"
+        await asyncio.sleep(1.2)
+        assert ("kept", True) in resynced, "handed again, unchanged"
+
+        # Cut off: the open watch goes silent and new connections are refused.
+        proxy.stall_existing()
+        await proxy.stop()
+        async with asyncio.timeout(20):
+            while informer.healthy:
+                await asyncio.sleep(0.1)
+        resynced.clear()
+        await asyncio.sleep(1.2)
+        assert resynced == [], "no resync while it fails"
+        assert len(healthy) == 1
+        await proxy.start()
+        async with asyncio.timeout(40):
+            while len(healthy) < 2:
+                await asyncio.sleep(0.1)
+        assert informer.healthy
+    finally:
+        await cluster.stop()
+        await proxy.stop()

@@ -69,7 +69,6 @@ REMOVAL_CONCURRENCY = 8  # copies deleted at once from a removed target (it may 
 NOT_CACHED_RETRY = 2.0
 FOREIGN_RETRY = 60.0  # someone else's object of the same name: looked at again after this
 RESYNC_EVERY = 300.0
-HEALTH_PERIOD = 2.0
 RESOURCES: dict[str, Resource] = {CONFIG_MAP: CONFIGMAPS, SECRET: SECRETS}
 
 Key = tuple[str, str, str]  # (virtual node, namespace, name)
@@ -108,7 +107,6 @@ class Follower:
         )
         self.copies: dict[str, Informer] = {}  # by virtual node name
         self._delegates: dict[str, Informer] = {}  # by virtual node name
-        self._healthy: dict[str, bool] = {}  # whether its caches were healthy last time
         self._handlers: dict[str, list[Registration]] = {}
         self._locks: dict[Key, tuple[asyncio.Lock, int]] = {}
         self._written: dict[Key, tuple[str, float]] = {}  # → (hash, monotonic time)
@@ -178,11 +176,25 @@ class Follower:
                 if not queue.failures(request):  # else retried with backoff already
                     queue.add(request, low_priority=initial)
 
+        def recovered() -> None:
+            # What changed while its caches could not tell (delegates gone, say) was skipped.
+            delegates = self._delegates.get(node)
+            if copies.healthy and (delegates is None or delegates.healthy):
+                log.info(
+                    "copies looked at again kind=%s target=%s: caches healthy", self.kind, node
+                )
+                self._resync_copies(node, copies)
+
         self.copies[node] = copies
         self._delegates[node] = connection.delegates
+        # Every copy of ours is looked at again every RESYNC_EVERY (a watch that resumed after
+        # an outage sends no event for copies whose source went meanwhile), and all of them
+        # whenever these caches recover.
         self._handlers[node] = [
             connection.delegates.add_handler(on_delegate),
-            copies.add_handler(on_copy),
+            copies.add_handler(on_copy, resync_period=RESYNC_EVERY),
+            copies.add_healthy_handler(recovered),
+            connection.delegates.add_healthy_handler(recovered),
         ]
 
     def disconnected(self, connection: TargetConnection) -> None:
@@ -191,30 +203,9 @@ class Follower:
             registration.remove()
         self.copies.pop(node, None)
         self._delegates.pop(node, None)
-        self._healthy.pop(node, None)
         for memo in (self._written, self._foreign):
             for key in [k for k in memo if k[0] == node]:
                 del memo[key]
-
-    def resync(self) -> None:
-        """Look again at every copy of ours in every target (from the caches): a watch that
-        resumed after an outage sends no event for copies whose source went meanwhile."""
-        for node, copies in list(self.copies.items()):
-            self._resync_copies(node, copies)
-
-    def resync_recovered(self) -> None:
-        """Look again at the copies of each target whose caches just recovered from an error:
-        what changed meanwhile (delegates gone, say) was skipped while they could not tell."""
-        for node, copies in list(self.copies.items()):
-            delegates = self._delegates.get(node)
-            healthy = copies.healthy and (delegates is None or delegates.healthy)
-            recovered = healthy and not self._healthy.get(node, True)
-            self._healthy[node] = healthy
-            if recovered:
-                log.info(
-                    "copies looked at again kind=%s target=%s: caches recovered", self.kind, node
-                )
-                self._resync_copies(node, copies)
 
     def _resync_copies(self, node: str, copies: Informer) -> None:
         connection = self.registry.by_node(node)
@@ -593,24 +584,6 @@ class Follow:
 
     async def _removed(self, connection: TargetConnection) -> None:
         await asyncio.gather(*(f.removed(connection) for f in self.followers.values()))
-
-    async def resync_forever(
-        self, every: float = RESYNC_EVERY, health_period: float = HEALTH_PERIOD
-    ) -> None:
-        """Every ``every`` seconds, every copy; every ``health_period``, the copies of targets
-        whose caches recovered."""
-        loop = asyncio.get_running_loop()
-        last = loop.time()
-        while True:
-            await asyncio.sleep(health_period)
-            full = loop.time() - last >= every
-            for follower in self.followers.values():
-                if full:
-                    follower.resync()
-                else:
-                    follower.resync_recovered()
-            if full:
-                last = loop.time()
 
     async def prepare(self, connection: TargetConnection, delegate: dict) -> None:
         """Copy what ``delegate`` uses to its target before it is created there, within

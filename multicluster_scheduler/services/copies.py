@@ -67,7 +67,6 @@ RECHECK = 10.0  # a target that cannot be read now
 RETRY_CONFLICT = 60.0  # an object of the same name, not ours, may be deleted by its owner
 LOOK_AGAIN = 1.0
 RESYNC_PERIOD = 300.0  # every copy in a target is looked at again (from the caches)
-HEALTH_PERIOD = 10.0  # how often a target's copies informer is checked for a recovery
 
 
 def _never(_desired: dict, _existing: dict) -> bool:
@@ -132,8 +131,7 @@ class TargetCopies:
         self.to_copy = to_copy
         self.events = events
         self.informers: dict[str, Informer] = {}  # copies in each target, by virtual node name
-        self._handlers: dict[str, Registration] = {}
-        self._watching: dict[str, asyncio.Task] = {}  # by node: resyncs of its copies
+        self._handlers: dict[str, list[Registration]] = {}
         self._ready: dict[str, bool] = {}
         # Warnings said, until the situation changes: (ns, name) → node → reason.
         self._warned: dict[tuple[str, str], dict[str, str]] = {}
@@ -191,40 +189,25 @@ class TargetCopies:
                     queue.add(request, low_priority=initial)
 
         self.informers[node] = copies
-        self._handlers[node] = copies.add_handler(on_copy)
-        self._watching[node] = asyncio.get_running_loop().create_task(
-            self._watch_copies(connection, copies), name=f"{self.kind.noun}-copies-{node}"
-        )
+        # Every copy looked at again every RESYNC_PERIOD; every original that has, or should
+        # have, a copy there once the copies are cached, and whenever their informer recovers
+        # (a relist or a resumed watch says nothing of copies that did not change, and a
+        # reconcile may have given up on them meanwhile). All from the caches.
+        self._handlers[node] = [
+            copies.add_handler(on_copy, resync_period=RESYNC_PERIOD),
+            copies.add_healthy_handler(lambda: self._recovered(connection)),
+        ]
+        if copies.healthy:  # cached already (another controller's informer): no transition
+            self._resync(connection)
 
-    async def _watch_copies(self, connection: TargetConnection, copies: Informer) -> None:
-        """While ``connection`` is connected: resync once its copies are cached, whenever its
-        informer recovers from an error (a relist or a resumed watch says nothing of copies
-        that did not change, and a reconcile may have given up on them meanwhile), and every
-        :data:`RESYNC_PERIOD` anyway. All from the caches."""
-        node = connection.node_name
-        await copies.wait_synced()
-        if self.informers.get(node) is not copies:
-            return
-        self._resync(connection)
-        loop = asyncio.get_running_loop()
-        last, healthy = loop.time(), copies.healthy
-        while True:
-            await asyncio.sleep(HEALTH_PERIOD)
-            if self.informers.get(node) is not copies:
-                return
-            was_healthy, healthy = healthy, copies.healthy
-            try:
-                if healthy and not was_healthy:
-                    log.info(
-                        "%s copies informer recovered, resyncing target=%s", self.kind.noun, node
-                    )
-                    self._resync(connection)
-                    last = loop.time()
-                elif loop.time() - last >= RESYNC_PERIOD:
-                    self._resync_copies(copies, connection)
-                    last = loop.time()
-            except Exception:
-                log.exception("resync of %s copies failed target=%s", self.kind.noun, node)
+    def _recovered(self, connection: TargetConnection) -> None:
+        if self.informers.get(connection.node_name) is not None:
+            log.info(
+                "%s copies cached, looking at them again target=%s",
+                self.kind.noun,
+                connection.node_name,
+            )
+            self._resync(connection)
 
     def _resync_copies(self, copies: Informer | None, connection: TargetConnection) -> None:
         """Reconcile the original of every copy of ours in a target's cache (gone or not)."""
@@ -251,14 +234,10 @@ class TargetCopies:
 
     def _disconnected(self, connection: TargetConnection) -> None:
         node = connection.node_name
-        registration = self._handlers.pop(node, None)
-        if registration is not None:
+        for registration in self._handlers.pop(node, ()):
             registration.remove()
         self.informers.pop(node, None)
         self._ready.pop(node, None)
-        task = self._watching.pop(node, None)
-        if task is not None:
-            task.cancel()
         for key in list(self._warned):
             self._forget_warning(key[0], key[1], node)
 

@@ -130,6 +130,7 @@ def cluster(name: str) -> tuple[Cluster, FakeApi]:
 
 def synced(informer) -> None:
     informer._synced.set()
+    informer.last_error = None  # listed: healthy (its healthy handlers are told)
 
 
 def service(name: str = "nginx", selector: dict | None = None, **annotations) -> dict:
@@ -218,8 +219,8 @@ async def world():
     made = World()
     made.connect("c2")
     yield made
-    for task in made.sync.copies._watching.values():
-        task.cancel()
+    for connection in list(made.registry.connections.values()):
+        made.registry.disconnected(connection)  # their resync timers go
 
 
 async def test_a_pod_naming_our_scheduler_without_our_finalizer_reroutes_nothing(world: World):
@@ -453,7 +454,7 @@ async def test_events_of_a_copy_that_keeps_failing_wait_for_its_backoff(world: W
     """A target that keeps changing a copy whose writes fail would otherwise have it retried
     at the rate of its events, not with backoff."""
     connection = next(c for c in world.registry.connections.values() if c.name == "c2")
-    on_copy = world.sync.copies._handlers[connection.node_name].handler
+    on_copy = world.sync.copies._handlers[connection.node_name][0].handler
     queue = world.sync.controller.queue
     copy = service("old")
     copy["metadata"]["annotations"] = {
@@ -622,12 +623,10 @@ async def until(check: Callable[[], bool], timeout: float = 2.0) -> None:
 
 async def test_copies_are_looked_at_again_periodically(monkeypatch):
     """Even with no event and no change of readiness, an orphaned copy is found."""
-    monkeypatch.setattr(copies_module, "HEALTH_PERIOD", 0.01)
     monkeypatch.setattr(copies_module, "RESYNC_PERIOD", 0.05)
     made = World()
     try:
         made.connect("c2")
-        await asyncio.sleep(0.02)
         drain(made)  # the first resync, once the copies are cached
         made.targets["c2"].add(orphan())  # the cache has it; no event was handled
         queued: set[str] = set()
@@ -636,37 +635,30 @@ async def test_copies_are_looked_at_again_periodically(monkeypatch):
         await made.reconcile("old")
         assert (NS, "old") not in made.targets["c2"].objects
     finally:
-        for task in made.sync.copies._watching.values():
-            task.cancel()
+        for connection in list(made.registry.connections.values()):
+            made.registry.disconnected(connection)
 
 
-async def test_copies_are_looked_at_again_when_their_informer_recovers(monkeypatch):
-    monkeypatch.setattr(copies_module, "HEALTH_PERIOD", 0.01)
-    made = World()
-    try:
-        c2 = made.connect("c2")
-        copies = made.sync.copies.informers[c2.node_name]
-        await asyncio.sleep(0.02)
-        copies.last_error = ConnectionError("watch broken")
-        made.targets["c2"].add(orphan())
-        await asyncio.sleep(0.05)
-        assert drain(made) == set(), "not while it is broken"
-        copies.last_error = None
-        queued: set[str] = set()
-        await until(lambda: bool(queued.update(drain(made)) or queued))
-        assert queued == {"old"}
-    finally:
-        for task in made.sync.copies._watching.values():
-            task.cancel()
+async def test_copies_are_looked_at_again_when_their_informer_recovers(world: World):
+    c2 = next(c for c in world.registry.connections.values() if c.name == "c2")
+    copies = world.sync.copies.informers[c2.node_name]
+    drain(world)
+    copies.last_error = ConnectionError("watch broken")
+    world.targets["c2"].add(orphan())
+    assert drain(world) == set(), "not while it is broken"
+    copies.last_error = None
+    assert drain(world) == {"old"}
 
 
 async def test_resyncs_stop_when_the_target_goes(world: World):
     c3 = world.connect("c3")
-    task = world.sync.copies._watching[c3.node_name]
+    copies = world.sync.copies.informers[c3.node_name]
+    drain(world)
     world.registry.disconnected(c3)
-    await asyncio.sleep(0)
-    assert task.done()
-    assert c3.node_name not in world.sync.copies._watching
+    copies.last_error = ConnectionError("watch broken")
+    copies.last_error = None
+    assert drain(world) == set(), "no longer looked at"
+    assert c3.node_name not in world.sync.copies._handlers
 
 
 async def test_warnings_go_with_the_original(world: World):
