@@ -26,6 +26,7 @@ class Leases:
         self.version = 0
         self.stall = 0
         self.requests = 0
+        self.server: TestServer | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         self.requests += 1
@@ -47,14 +48,16 @@ class Leases:
         return web.json_response(body, status=201 if request.method == "POST" else 200)
 
 
-async def test_a_stuck_renewal_is_abandoned_in_time_and_the_lease_kept():
+async def elected() -> tuple[Leases, Client, LeaderElector, asyncio.Event, asyncio.Task]:
+    """A server keeping one Lease, and an elector campaigning for it (``led`` once it leads)."""
     leases = Leases()
     app = web.Application()
     app.router.add_route("*", PATH, leases.handle)
     app.router.add_post("/apis/coordination.k8s.io/v1/namespaces/ns/leases", leases.handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    client = Client(ClusterConfig.from_kubeconfig_data(kubeconfig(str(server.make_url("")))))
+    leases.server = TestServer(app, host="127.0.0.1")
+    await leases.server.start_server()
+    url = str(leases.server.make_url(""))
+    client = Client(ClusterConfig.from_kubeconfig_data(kubeconfig(url)))
     config = LeaderElectionConfig(
         "ns", "lease", "me", lease_duration=1.5, renew_deadline=1.0, retry_period=0.1
     )
@@ -65,7 +68,11 @@ async def test_a_stuck_renewal_is_abandoned_in_time_and_the_lease_kept():
         led.set()
         await asyncio.sleep(3600)
 
-    task = asyncio.create_task(elector.run(lead))
+    return leases, client, elector, led, asyncio.create_task(elector.run(lead))
+
+
+async def test_a_stuck_renewal_is_abandoned_in_time_and_the_lease_kept():
+    leases, client, elector, led, task = await elected()
     try:
         await asyncio.wait_for(led.wait(), 2)
         leases.stall = 1  # the next renewal never gets an answer
@@ -77,31 +84,15 @@ async def test_a_stuck_renewal_is_abandoned_in_time_and_the_lease_kept():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.close()
-        await server.close()
+        await leases.server.close()
     assert leases.lease["spec"]["holderIdentity"] == "", "released when cancelled"
 
 
 async def test_a_leader_cut_off_from_its_server_stops_leading_without_hanging():
     """Every answer stops: leadership ends at the renew deadline, and releasing the Lease (which
     cannot succeed) is given up after one attempt's time, so a successor is not kept waiting."""
-    leases = Leases()
-    app = web.Application()
-    app.router.add_route("*", PATH, leases.handle)
-    app.router.add_post("/apis/coordination.k8s.io/v1/namespaces/ns/leases", leases.handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    client = Client(ClusterConfig.from_kubeconfig_data(kubeconfig(str(server.make_url("")))))
-    config = LeaderElectionConfig(
-        "ns", "lease", "me", lease_duration=1.5, renew_deadline=1.0, retry_period=0.1
-    )
-    elector = LeaderElector(client, config)
-    led = asyncio.Event()
-
-    async def lead() -> None:
-        led.set()
-        await asyncio.sleep(3600)
-
-    task = asyncio.create_task(elector.run(lead))
+    leases, client, elector, led, task = await elected()
+    config = elector.config
     try:
         await asyncio.wait_for(led.wait(), 2)
         leases.stall = 1_000_000
@@ -116,4 +107,4 @@ async def test_a_leader_cut_off_from_its_server_stops_leading_without_hanging():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.close()
-        await server.close()
+        await leases.server.close()
