@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +52,34 @@ class KeyPair:
         cert, key = directory / f"{stem}.crt", directory / f"{stem}.key"
         self.write(cert, key)
         return cert, key
+
+
+class ServingFiles:
+    """Where a server reads its certificate (``tls.crt``, ``tls.key`` in one folder), and who
+    to tell when a new one is written there."""
+
+    def __init__(self, cert_dir: Path) -> None:
+        self.cert_dir = cert_dir
+        self._reload_callbacks: list[Callable[[Path, Path], object]] = []
+
+    @property
+    def cert_file(self) -> Path:
+        return self.cert_dir / "tls.crt"
+
+    @property
+    def key_file(self) -> Path:
+        return self.cert_dir / "tls.key"
+
+    def on_reload(self, callback: Callable[[Path, Path], object]) -> None:
+        """Call ``callback(cert_file, key_file)`` after each new certificate is written."""
+        self._reload_callbacks.append(callback)
+
+    def install(self, pair: KeyPair) -> None:
+        """Write ``pair`` (both files replaced at once), then tell every callback."""
+        self.cert_dir.mkdir(parents=True, exist_ok=True)
+        pair.write(self.cert_file, self.key_file)
+        for callback in self._reload_callbacks:
+            callback(self.cert_file, self.key_file)
 
 
 def write_file(path: Path, data: bytes, mode: int) -> None:

@@ -28,7 +28,7 @@ from cryptography.x509.oid import NameOID
 
 from multicluster import ApiError, Client, Conflict, Gone
 from multicluster.kubetime import format_time
-from multicluster.pki import KeyPair, key_pem, needs_renewal, public_der
+from multicluster.pki import KeyPair, ServingFiles, key_pem, needs_renewal, public_der
 from multicluster.pki import certificate_request as pki_request
 from multicluster.resources import CERTIFICATE_SIGNING_REQUESTS as CSRS
 
@@ -157,7 +157,7 @@ def serving_pair(certificate_pem: bytes, key: ec.EllipticCurvePrivateKey) -> Key
 # -- obtaining it ------------------------------------------------------------------------------
 
 
-class KubeletCertificates:
+class KubeletCertificates(ServingFiles):
     """Obtains, writes, reloads and renews the virtual kubelet's serving certificate.
 
     After :meth:`obtain`, ``issuer`` is ``"signer"`` or ``"agent-ca"`` and ``fallback_reason``
@@ -184,7 +184,7 @@ class KubeletCertificates:
         self.node_name = node_name
         self.addresses = list(addresses)
         self.signer = signer or ""
-        self.cert_dir = cert_dir
+        super().__init__(cert_dir)
         self.ca = ca
         self.timeout = timeout
         self.csr_prefix = csr_prefix
@@ -192,19 +192,6 @@ class KubeletCertificates:
         self.serving: KeyPair | None = None
         self.issuer: str | None = None
         self.fallback_reason: str | None = None
-        self._reload_callbacks: list[Callable[[Path, Path], object]] = []
-
-    @property
-    def cert_file(self) -> Path:
-        return self.cert_dir / "tls.crt"
-
-    @property
-    def key_file(self) -> Path:
-        return self.cert_dir / "tls.key"
-
-    def on_reload(self, callback: Callable[[Path, Path], object]) -> None:
-        """Call ``callback(cert_file, key_file)`` after each new certificate is written."""
-        self._reload_callbacks.append(callback)
 
     async def obtain(self) -> None:
         """A new certificate from the signer, else from the CA; written, then reloaded."""
@@ -339,11 +326,8 @@ class KubeletCertificates:
     # -- writing it --------------------------------------------------------------------------
 
     def _install(self, pair: KeyPair, issuer: str, fallback_reason: str | None) -> None:
-        self.cert_dir.mkdir(parents=True, exist_ok=True)
-        pair.write(self.cert_file, self.key_file)
         self.serving, self.issuer, self.fallback_reason = pair, issuer, fallback_reason
-        for callback in self._reload_callbacks:
-            callback(self.cert_file, self.key_file)
+        self.install(pair)
 
 
 def _error(error: ApiError) -> str:

@@ -14,14 +14,13 @@ import asyncio
 import base64
 import datetime as dt
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 from cryptography import x509
 
 from multicluster import Client, Conflict, Request, Resource, Unreachable
 from multicluster.errors import ServerError, TooManyRequests
-from multicluster.pki import CertificateAuthority, KeyPair, needs_renewal
+from multicluster.pki import CertificateAuthority, KeyPair, ServingFiles, needs_renewal
 from multicluster.resources import SECRETS
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,7 @@ def ca_bundle_patch(configuration: dict, ca_pem: bytes) -> dict | None:
     return updated
 
 
-class CertificateManager:
+class CertificateManager(ServingFiles):
     """Loads (or makes) the shared CA, serves a renewed certificate, keeps the caBundle."""
 
     def __init__(
@@ -97,21 +96,9 @@ class CertificateManager:
         self.ca_secret = ca_secret
         self.webhook_configuration = webhook_configuration
         self.hosts = hosts
-        self.cert_dir = cert_dir
+        super().__init__(cert_dir)
         self.ca: KeyPair | None = None
         self.serving: KeyPair | None = None
-        self._reload_callbacks: list = []
-
-    @property
-    def cert_file(self) -> Path:
-        return self.cert_dir / "tls.crt"
-
-    @property
-    def key_file(self) -> Path:
-        return self.cert_dir / "tls.key"
-
-    def on_reload(self, callback: Callable[[Path, Path], object]) -> None:
-        self._reload_callbacks.append(callback)
 
     async def load_ca(self) -> KeyPair:
         """The shared CA from the Secret, filling the Secret first if it is empty."""
@@ -146,10 +133,7 @@ class CertificateManager:
         """Sign a new serving certificate and write it where the server reads it."""
         assert self.ca is not None
         self.serving = new_serving_certificate(self.ca, self.hosts)
-        self.cert_dir.mkdir(parents=True, exist_ok=True)
-        self.serving.write(self.cert_file, self.key_file)
-        for callback in self._reload_callbacks:
-            callback(self.cert_file, self.key_file)
+        self.install(self.serving)
 
     async def renew_forever(self, check_every: float = 3600.0) -> None:
         while True:
