@@ -22,12 +22,11 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from aiohttp import web
-
 from . import gctune, metrics
 from .client import Client
 from .cluster import Cluster
 from .controller import Controller
+from .health import HealthServer, health_app
 from .leaderelection import LeaderElectionConfig, LeaderElector
 
 log = logging.getLogger(__name__)
@@ -66,7 +65,7 @@ class Manager:
         self._running = False
         self._stop = asyncio.Event()
         self._elector: LeaderElector | None = None
-        self._health_runner: web.AppRunner | None = None
+        self._health: HealthServer | None = None
         self._background: set[asyncio.Task] = set()
         self.health_address: tuple[str, int] | None = None
 
@@ -135,7 +134,7 @@ class Manager:
         self._spawn(metrics.watch_loop_lag())
         try:
             if self.health_port is not None:
-                await self._start_health()
+                await self._start_health(self.health_port)
             if self.tune_gc:
                 gctune.tune_for_caches()
             for cluster in self.clusters.values():
@@ -173,8 +172,8 @@ class Manager:
                 task.cancel()
             await asyncio.gather(*tasks, *self._background, return_exceptions=True)
             await asyncio.gather(*(c.stop() for c in self.clusters.values()))
-            if self._health_runner is not None:
-                await self._health_runner.cleanup()
+            if self._health is not None:
+                await self._health.stop()
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -247,37 +246,22 @@ class Manager:
 
     # -- health -------------------------------------------------------------------------------
 
-    async def _start_health(self) -> None:
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
-        self._health_runner = web.AppRunner(app, access_log=None)
-        await self._health_runner.setup()
-        site = web.TCPSite(self._health_runner, self.health_host, self.health_port)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or ()
-        if sockets:
-            host, port = sockets[0].getsockname()[:2]
-            self.health_address = (host, port)
+    async def _start_health(self, port: int) -> None:
+        self._health = HealthServer(health_app(self.unready_reason), self.health_host, port)
+        await self._health.start()
+        self.health_address = self._health.address
 
-    async def _healthz(self, _request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def _readyz(self, _request: web.Request) -> web.Response:
+    def unready_reason(self) -> str | None:
+        """Why this replica is not ready (``/readyz`` answers 503 with it), or None."""
         if self.draining:
-            return web.Response(status=503, text="shutting down")
+            return "shutting down"
         lagging = sorted(
             n for n, c in self.clusters.items() if n in self._required and not c.has_synced
         )
         if lagging:
-            return web.Response(status=503, text=f"caches not synced: {', '.join(lagging)}")
+            return f"caches not synced: {', '.join(lagging)}"
         for check in self._readiness_checks:
             reason = check()
             if reason:
-                return web.Response(status=503, text=reason)
-        return web.Response(text="ok")
-
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
+                return reason
+        return None

@@ -10,7 +10,9 @@ Who may call is :mod:`.access`'s business; the channels and their relays are :mo
 Exec and attach come as WebSockets from API servers from 1.36 (virtual nodes declare
 ``ExtendWebSocketsToKubelet``, so kubectl's WebSocket is passed through), and as SPDY from
 older ones and older clients: aiohttp serves HTTP and WebSockets, and the first request of a
-connection that asks for SPDY is served by :mod:`.spdy` instead.
+connection that asks for SPDY is served by :mod:`.spdy` instead. (aiohttp, not the FastAPI and
+uvicorn of the other endpoints: an ASGI server cannot hand a connection's socket over to another
+protocol after a ``101 Switching Protocols``, which SPDY needs.)
 """
 
 from __future__ import annotations
