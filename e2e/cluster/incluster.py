@@ -11,12 +11,11 @@ taint). Compare :mod:`e2e.cluster.install`, where the agents run as local proces
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 from e2e.realnode import REAL_NODE_KEY
 
-from .install import CHART, NAMESPACE, RELEASE
+from .install import CHART, NAMESPACE, RELEASE, ChartTools
 from .testbed import TestBed, wait_for
 
 SELECTOR = f"app.kubernetes.io/name={RELEASE}"
@@ -34,37 +33,13 @@ def chart_values(image: str) -> dict:
     }
 
 
-class InClusterInstallation:
+class InClusterInstallation(ChartTools):
     def __init__(self, bed: TestBed, image: str) -> None:
-        self.bed = bed
+        super().__init__(bed)
         self.image = image
         self.values_file = bed.dir / "in-cluster-values.json"
         self.installed = False
         self.install_seconds: dict[str, float] = {}
-
-    def _env(self) -> dict[str, str]:
-        helm_home = self.bed.dir / "helm"
-        return self.bed.kubectl_env() | {
-            "HELM_CACHE_HOME": str(helm_home / "cache"),
-            "HELM_CONFIG_HOME": str(helm_home / "config"),
-            "HELM_DATA_HOME": str(helm_home / "data"),
-        }
-
-    def run(self, *argv: str, timeout: float = 300) -> str:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, env=self._env(), timeout=timeout, check=False
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout}{proc.stderr}")
-        return proc.stdout
-
-    def helm(self, context: str, *args: str, timeout: float = 300) -> str:
-        helm = str(self.bed.bin_dir / "helm")
-        return self.run(helm, "--kube-context", context, *args, timeout=timeout)
-
-    def kubectl(self, context: str, *args: str, timeout: float = 60) -> str:
-        kubectl = str(self.bed.bin_dir / "kubectl")
-        return self.run(kubectl, "--context", context, *args, timeout=timeout)
 
     def install(self) -> None:
         """helm install into every cluster, and wait until both replicas are ready in each."""
@@ -111,17 +86,7 @@ class InClusterInstallation:
 
     def leader(self, context: str) -> str:
         """The pod that holds the agents' leader-election Lease ("" when none does)."""
-        return self.kubectl(
-            context,
-            "get",
-            "lease",
-            RELEASE,
-            "-n",
-            NAMESPACE,
-            "--ignore-not-found",
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ).strip()
+        return self.lease_holder(context)
 
     def upgrade(self, context: str, *set_values: str) -> float:
         """``helm upgrade --reuse-values --wait`` with more values; the seconds it took."""

@@ -28,11 +28,56 @@ RELEASE = "multicluster-scheduler"
 NAMESPACE = "admiralty"
 
 
-class Installation:
+class ChartTools:
+    """helm and kubectl against the test bed, helm's state kept in the bed's folder."""
+
+    def __init__(self, bed: TestBed) -> None:
+        self.bed = bed
+
+    def _env(self) -> dict[str, str]:
+        helm_home = self.bed.dir / "helm"
+        return self.bed.kubectl_env() | {
+            "HELM_CACHE_HOME": str(helm_home / "cache"),
+            "HELM_CONFIG_HOME": str(helm_home / "config"),
+            "HELM_DATA_HOME": str(helm_home / "data"),
+        }
+
+    def run(self, *argv: str, timeout: float = 180) -> str:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, env=self._env(), timeout=timeout, check=False
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout}{proc.stderr}")
+        return proc.stdout
+
+    def helm(self, context: str, *args: str, timeout: float = 300) -> str:
+        helm = str(self.bed.bin_dir / "helm")
+        return self.run(helm, "--kube-context", context, *args, timeout=timeout)
+
+    def kubectl(self, context: str, *args: str, timeout: float = 60) -> str:
+        kubectl = str(self.bed.bin_dir / "kubectl")
+        return self.run(kubectl, "--context", context, *args, timeout=timeout)
+
+    def lease_holder(self, context: str) -> str:
+        """Who holds the agents' leader-election Lease in ``context`` ("" when no one does)."""
+        return self.kubectl(
+            context,
+            "get",
+            "lease",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--ignore-not-found",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ).strip()
+
+
+class Installation(ChartTools):
     def __init__(
         self, bed: TestBed, agents_per_cluster: int = 1, agent_args: tuple[str, ...] = ()
     ) -> None:
-        self.bed = bed
+        super().__init__(bed)
         self.agent_args = agent_args
         self.agents_per_cluster = agents_per_cluster
         self.agents: dict[str, list[Process]] = {}
@@ -46,28 +91,6 @@ class Installation:
         self._log_offsets: dict[Process, int] = {}
         self.balancers: dict[str, TcpBalancer] = {}
         self.installed = False
-
-    def _env(self) -> dict[str, str]:
-        helm_home = self.bed.dir / "helm"
-        return self.bed.kubectl_env() | {
-            "HELM_CACHE_HOME": str(helm_home / "cache"),
-            "HELM_CONFIG_HOME": str(helm_home / "config"),
-            "HELM_DATA_HOME": str(helm_home / "data"),
-        }
-
-    def _run(self, *argv: str) -> str:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, env=self._env(), timeout=180, check=False
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed:\n{proc.stdout}{proc.stderr}")
-        return proc.stdout
-
-    def helm(self, context: str, *args: str) -> str:
-        return self._run(str(self.bed.bin_dir / "helm"), "--kube-context", context, *args)
-
-    def kubectl(self, context: str, *args: str) -> str:
-        return self._run(str(self.bed.bin_dir / "kubectl"), "--context", context, *args)
 
     def install(self, *extra_values: str) -> None:
         """helm install into every cluster, and agents' identities and processes defined."""
@@ -193,17 +216,7 @@ class Installation:
 
     def leader(self, name: str) -> Process | None:
         """The agent of cluster ``name`` that holds the leader-election Lease, if any."""
-        holder = self.kubectl(
-            name,
-            "get",
-            "lease",
-            RELEASE,
-            "-n",
-            NAMESPACE,
-            "--ignore-not-found",
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ).strip()
+        holder = self.lease_holder(name)
         agents = self.agents[name]
         return next((a for i, a in enumerate(agents) if holder == f"{name}-agent-{i}"), None)
 
