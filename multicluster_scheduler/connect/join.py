@@ -220,8 +220,21 @@ async def join(
             stale = ready_before
     _, outcome = await source.apply(resource, plan.target_manifest())
     report(f"{what} {outcome} in {source.name}")
-    if not wait:
-        return
+    if wait:
+        await wait_ready(plan, source, target, stale, timeout, report)
+
+
+async def wait_ready(
+    plan: JoinPlan,
+    source: Context,
+    target: Context,
+    stale: dict | None,
+    timeout: float,
+    report: Callable[[str], None],
+) -> None:
+    """Until the Target says Ready (a condition newer than ``stale``), or why not."""
+    resource = CLUSTER_TARGETS if plan.cluster_scoped else TARGETS
+    what = describe(resource.kind, plan.target_name, plan.namespace)
     last: dict | None = None
     waiting_for_reconnection = False
 
