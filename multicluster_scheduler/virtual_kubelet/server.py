@@ -399,15 +399,7 @@ class KubeletServer:
                 log.warning("kubelet API request refused path=%s: %s", head.url.path, refusal)
                 REQUESTS.labels(kind, "refused").inc()
                 raise KubeletError(403, f"Forbidden: {refusal}")
-        offered = [
-            p.strip()
-            for value in head.headers.getall("X-Stream-Protocol-Version", [])
-            for p in value.split(",")
-        ]
-        protocol = next((p for p in SPDY_PROTOCOLS if p in offered), None)
-        if offered and protocol is None:
-            raise KubeletError(400, f"none of the stream protocols {offered} is supported")
-        protocol = protocol or "channel.k8s.io"
+        offered, protocol = spdy_protocol(head)
         located = self.locate(namespace, name)
         await self._check_container(located, container)
         params = stream_params(head.url.query, container, kind)
@@ -518,6 +510,19 @@ class RequestHead:
     method: str
     url: URL
     headers: CIMultiDict
+
+
+def spdy_protocol(head: RequestHead) -> tuple[list[str], str]:
+    """The stream protocols the client offers, and the one chosen (the best we speak)."""
+    offered = [
+        p.strip()
+        for value in head.headers.getall("X-Stream-Protocol-Version", [])
+        for p in value.split(",")
+    ]
+    protocol = next((p for p in SPDY_PROTOCOLS if p in offered), None)
+    if offered and protocol is None:
+        raise KubeletError(400, f"none of the stream protocols {offered} is supported")
+    return offered, protocol or "channel.k8s.io"
 
 
 def parse_head(data: bytes) -> RequestHead | None:
