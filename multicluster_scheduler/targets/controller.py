@@ -263,6 +263,18 @@ class TargetsReconciler:
         if self._config_keys.get(connection.node_name) == key:
             return None
         await self._disconnect(connection)
+        await self._attach(connection, request, key, config)
+        return None
+
+    async def _attach(
+        self,
+        connection: TargetConnection,
+        request: Request,
+        key: tuple,
+        config: ClusterConfig | None,
+    ) -> None:
+        """Connect to the target's cluster (this one if ``config`` is None): its summary and
+        delegates cached, its cluster run by the manager, the registry told."""
         cluster = (
             self.local
             if config is None
@@ -294,7 +306,6 @@ class TargetsReconciler:
         self._config_keys[connection.node_name] = key
         self.registry.connected(connection)
         log.info("target connected node=%s server=%s", connection.node_name, cluster.config.server)
-        return None
 
     def _enqueuer(self, request: Request, connection: TargetConnection) -> Handler:
         def on_summary(_event: str, _obj: dict, _old: dict | None, _initial: bool) -> None:
