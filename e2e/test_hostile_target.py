@@ -213,7 +213,9 @@ def hostile(kubectl: Kubectl, namespace: str) -> Iterator[Hostile]:
     thread.start()
     yield server
     kubectl(SOURCE, "delete", "target", "evil", "-n", namespace, "--ignore-not-found")
-    wait_for(lambda: not virtual_nodes(kubectl, namespace), 30, what="the virtual node gone")
+    # A server that holds every request makes each cleanup of the removal (copies of Services
+    # and Ingresses, config maps, secrets, the heartbeat) wait its 10 s, one after the other.
+    wait_for(lambda: not virtual_nodes(kubectl, namespace), 75, what="the virtual node gone")
     server.shutdown()
     server.server_close()
 
@@ -358,7 +360,7 @@ def test_a_target_answering_huge_lists_and_lines_costs_bounded_memory_and_cpu(
     # A server that answered as no API server does is not asked again for minutes (the pause
     # grows each time): the third attack comes from a Target made anew, as a tenant would.
     as_tenant(kubectl, namespace, "delete", "target", "evil")
-    wait_for(lambda: not virtual_nodes(kubectl, namespace), 30, what="the virtual node gone")
+    wait_for(lambda: not virtual_nodes(kubectl, namespace), 75, what="the virtual node gone")
     hostile.mode = "endless-events"
     hostile_target(kubectl, testbed, namespace, hostile.url)
     # Whichever bound is met first: the cache budget, or the rate of events when the server
@@ -379,7 +381,7 @@ def test_a_target_answering_huge_lists_and_lines_costs_bounded_memory_and_cpu(
     assert events["VmHWM"] < CHART_MEMORY_LIMIT
 
     as_tenant(kubectl, namespace, "delete", "target", "evil")
-    wait_for(lambda: not virtual_nodes(kubectl, namespace), 30, what="the virtual node gone")
+    wait_for(lambda: not virtual_nodes(kubectl, namespace), 75, what="the virtual node gone")
     time.sleep(5)
     after = memory(pid)["VmRSS"]
     print(f"after the Target went: RSS {after / MIB:.0f} MiB (before: {before / MIB:.0f} MiB)")
