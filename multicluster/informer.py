@@ -527,8 +527,12 @@ class Informer:
 
     @last_error.setter
     def last_error(self, error: Exception | None) -> None:
+        # Set on every watch event: only a change of health is worth looking at.
         self._last_error = error
-        self._note_health()
+        if error is not None:
+            self._was_healthy = False
+        elif not self._was_healthy:
+            self._note_health()
 
     def _note_health(self) -> None:
         healthy = self.healthy
