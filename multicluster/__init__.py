@@ -42,7 +42,7 @@ from .informer import (
 from .leaderelection import LeaderElectionConfig, LeaderElector
 from .manager import LeadershipLost, Manager
 from .readlimits import CacheBudget, CacheFull, ReadLimits
-from .reconcile import Reconciler, Request, Result
+from .reconcile import Func, Reconciler, Request, Result
 from .resources import Resource
 from .workqueue import WorkQueue
 
@@ -64,6 +64,7 @@ __all__ = [
     "EnqueueParent",
     "EventHandler",
     "Forbidden",
+    "Func",
     "Gone",
     "Informer",
     "Invalid",

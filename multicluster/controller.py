@@ -19,7 +19,7 @@ from .errors import ApiError
 from .handler import EnqueueObject, EventHandler
 from .informer import Informer, Registration
 from .predicate import Predicate
-from .reconcile import ReconcileFunc, Reconciler, Request, Result
+from .reconcile import Reconciler, Request, Result
 from .resources import Resource
 from .workqueue import ShutDown, WorkQueue
 
@@ -30,16 +30,14 @@ class Controller:
     def __init__(
         self,
         name: str,
-        reconciler: Reconciler | ReconcileFunc,
+        reconciler: Reconciler,
         *,
         workers: int = 2,
         needs_leader_election: bool = True,
         queue: WorkQueue[Request] | None = None,
     ) -> None:
         self.name = name
-        self._reconcile: ReconcileFunc = (
-            reconciler.reconcile if hasattr(reconciler, "reconcile") else reconciler
-        )
+        self.reconciler = reconciler
         self.workers = workers
         self.needs_leader_election = needs_leader_election
         self.queue: WorkQueue[Request] = queue or WorkQueue(name)
@@ -131,7 +129,7 @@ class Controller:
     async def _process(self, request: Request) -> None:
         started = time.perf_counter()
         try:
-            result = await self._reconcile(request)
+            result = await self.reconciler.reconcile(request)
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -81,33 +81,57 @@ def is_deleting(obj: dict) -> bool:
     return bool(obj["metadata"].get("deletionTimestamp"))
 
 
-async def add_finalizer(client: Client, resource: Resource, obj: dict, finalizer: str) -> dict:
-    """Add ``finalizer`` unless present. Conditional on resourceVersion: raises Conflict."""
-    if has_finalizer(obj, finalizer):
+def finalizer_changes(meta: dict, finalizer: str, present: bool, label: str | None = None) -> dict:
+    """The metadata fields of a merge patch that puts ``finalizer`` on (``present``) or takes it
+    off, with ``label`` set to ``"true"`` while it is on (so that a label selector finds the
+    objects that hold it); empty when nothing changes."""
+    finalizers = list(meta.get("finalizers") or ())
+    labels = meta.get("labels") or {}
+    fields: dict = {}
+    if present and finalizer not in finalizers:
+        fields["finalizers"] = [*finalizers, finalizer]
+    elif not present and finalizer in finalizers:
+        fields["finalizers"] = [f for f in finalizers if f != finalizer]
+    if label is not None and present and labels.get(label) != "true":
+        fields["labels"] = {label: "true"}
+    elif label is not None and not present and label in labels:
+        fields["labels"] = {label: None}
+    return fields
+
+
+def finalizer_patch(
+    obj: dict, finalizer: str, present: bool, label: str | None = None
+) -> dict | None:
+    """:func:`finalizer_changes` as a merge patch conditional on the object's resourceVersion;
+    None when nothing changes."""
+    meta = obj["metadata"]
+    fields = finalizer_changes(meta, finalizer, present, label)
+    if not fields:
+        return None
+    return {"metadata": {**fields, "resourceVersion": meta["resourceVersion"]}}
+
+
+async def add_finalizer(
+    client: Client, resource: Resource, obj: dict, finalizer: str, *, label: str | None = None
+) -> dict:
+    """Add ``finalizer`` (and ``label``) unless present. Conditional on resourceVersion: raises
+    Conflict when ``obj`` is behind."""
+    patch = finalizer_patch(obj, finalizer, True, label)
+    if patch is None:
         return obj
     meta = obj["metadata"]
-    patch = {
-        "metadata": {
-            "finalizers": [*(meta.get("finalizers") or ()), finalizer],
-            "resourceVersion": meta["resourceVersion"],
-        }
-    }
     return await client.patch(resource, meta["name"], patch, meta.get("namespace"))
 
 
 async def remove_finalizer(
-    client: Client, resource: Resource, obj: dict, finalizer: str
+    client: Client, resource: Resource, obj: dict, finalizer: str, *, label: str | None = None
 ) -> dict | None:
-    """Remove ``finalizer`` if present; None when the object is gone meanwhile."""
-    if not has_finalizer(obj, finalizer):
+    """Remove ``finalizer`` (and ``label``) if present; None when the object is gone meanwhile.
+    Conditional on resourceVersion: raises Conflict when ``obj`` is behind."""
+    patch = finalizer_patch(obj, finalizer, False, label)
+    if patch is None:
         return obj
     meta = obj["metadata"]
-    patch = {
-        "metadata": {
-            "finalizers": [f for f in meta["finalizers"] if f != finalizer],
-            "resourceVersion": meta["resourceVersion"],
-        }
-    }
     try:
         return await client.patch(resource, meta["name"], patch, meta.get("namespace"))
     except NotFound:

@@ -34,7 +34,22 @@ class Result:
 
 
 class Reconciler(Protocol):
+    """What a Controller calls: every controller of the product is an object of this shape."""
+
     async def reconcile(self, request: Request) -> Result | None: ...
 
 
 ReconcileFunc = Callable[[Request], Awaitable["Result | None"]]
+
+
+class Func:
+    """A plain coroutine function as a :class:`Reconciler` (a short example, a test)."""
+
+    def __init__(self, func: ReconcileFunc) -> None:
+        self.func = func
+
+    def __repr__(self) -> str:
+        return f"<Func {getattr(self.func, '__qualname__', self.func)!r}>"
+
+    async def reconcile(self, request: Request) -> Result | None:
+        return await self.func(request)

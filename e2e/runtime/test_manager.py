@@ -18,6 +18,7 @@ from multicluster import (
     Cluster,
     ClusterConfig,
     Controller,
+    Func,
     LeaderElectionConfig,
     Manager,
     Request,
@@ -77,7 +78,7 @@ async def test_failures_back_off_and_events_on_one_object_collapse(connect, name
             active.discard(request)
         return None
 
-    controller = Controller("flaky", reconcile, workers=4)
+    controller = Controller("flaky", Func(reconcile), workers=4)
     controller.queue.base_delay = 0.05
     controller.watch(cluster, CONFIGMAPS, namespace=namespace)
     manager = Manager()
@@ -118,7 +119,7 @@ async def test_an_unreachable_cluster_never_holds_back_the_others(
         if request.namespace == namespace:
             seen.add(request)
 
-    controller = Controller("both", reconcile)
+    controller = Controller("both", Func(reconcile))
     for cluster in (reachable, late):
         controller.watch(cluster, CONFIGMAPS, namespace=namespace)
     manager = Manager(sync_timeout=2, health_port=0, health_host="127.0.0.1")
@@ -158,7 +159,7 @@ async def test_clusters_added_and_removed_while_running(testbed: TestBed, connec
         if request.namespace == namespace:
             seen.append(request)
 
-    controller = Controller("dynamic", reconcile)
+    controller = Controller("dynamic", Func(reconcile))
     controller.watch(first, CONFIGMAPS, namespace=namespace)
     manager = Manager(sync_timeout=5, health_port=0, health_host="127.0.0.1")
     manager.add_cluster(first)
@@ -217,7 +218,7 @@ async def test_leader_failover(connect, namespace: str, crash: bool):
             if request.namespace == namespace:
                 reconciled[identity].add(request.name)
 
-        controller = Controller("elected", reconcile)
+        controller = Controller("elected", Func(reconcile))
         controller.watch(cluster, CONFIGMAPS, namespace=namespace)
         election = LeaderElectionConfig(
             namespace=namespace, name="elected", identity=identity, release_on_cancel=not crash

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from multicluster import Cluster, Controller, Manager, Request
+from multicluster import Cluster, Controller, Func, Manager, Request
 from multicluster.resources import PODS
 
 from ..cli import contexts, parser, setup_logging
@@ -20,7 +20,7 @@ async def reconcile(request: Request) -> None:
 async def main() -> None:
     args = parser(__doc__).parse_args()
     setup_logging()
-    controller = Controller("helloworld", reconcile, needs_leader_election=False)
+    controller = Controller("helloworld", Func(reconcile), needs_leader_election=False)
     manager = Manager()
     for context in contexts(args):
         cluster = manager.add_cluster(Cluster.from_kubeconfig(context, args.kubeconfig))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from multicluster import Controller, Request
+from multicluster import Controller, Func, Request
 
 
 async def test_an_error_outside_the_reconcile_ends_no_worker(caplog):
@@ -13,7 +13,7 @@ async def test_an_error_outside_the_reconcile_ends_no_worker(caplog):
     async def reconcile(request: Request):
         handled.append(request.name)
 
-    controller = Controller("t", reconcile, workers=1)
+    controller = Controller("t", Func(reconcile), workers=1)
     queue = controller.queue
     real_forget = queue.forget
 
