@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import aiohttp
 import orjson
@@ -103,6 +103,29 @@ PAGE_SHRINK = 4
 """How much smaller a page is asked again when it was over its limit."""
 WEBSOCKET_FRAME_BYTES = 4 << 20
 """One WebSocket message of exec or attach: the streams send a few tens of KiB at a time."""
+PAGE_LIMIT = 500
+"""Objects a list page holds, unless the caller asks otherwise."""
+
+
+class RequestOptions(TypedDict, total=False):
+    """What one request says besides its method and path: query ``params``, a ``body`` of
+    ``content_type`` (JSON by default), a ``timeout`` (the client's by default) and the most
+    bytes its answer may have (``max_bytes``)."""
+
+    params: dict[str, Any] | None
+    body: Any
+    content_type: str
+    timeout: float | None
+    max_bytes: int | None
+
+
+class ListOptions(TypedDict, total=False):
+    """What a list asks besides its resource and namespace: selectors, and ``limit`` objects a
+    page (:data:`PAGE_LIMIT` by default)."""
+
+    label_selector: str | None
+    field_selector: str | None
+    limit: int
 
 
 class Client:
@@ -186,16 +209,7 @@ class Client:
         return headers
 
     async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        raw: bool = False,
-        timeout: float | None = None,
-        max_bytes: int | None = None,
+        self, method: str, path: str, *, raw: bool = False, **options: Unpack[RequestOptions]
     ) -> Any:
         """Send one request; return the decoded JSON body (or bytes when ``raw``). An answer
         over ``max_bytes`` (default: the limits' ``max_response_bytes``, none for a trusted
@@ -205,16 +219,7 @@ class Client:
         self._check(context)
         try:
             async with holding(self.limits, self._own_slot) as slot:
-                payload = await self._request(
-                    method,
-                    path,
-                    params=params,
-                    body=body,
-                    content_type=content_type,
-                    timeout=timeout,
-                    max_bytes=max_bytes,
-                    slot=slot,
-                )
+                payload = await self._request(method, path, slot=slot, **options)
                 if raw:
                     return bytes(payload)
                 return self._json(payload, context)
@@ -232,27 +237,19 @@ class Client:
             self.bad_answers.record(error)
 
     async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, Any] | None,
-        body: Any,
-        content_type: str,
-        timeout: float | None,
-        max_bytes: int | None,
-        slot: Slot | None = None,
+        self, method: str, path: str, *, slot: Slot | None = None, **options: Unpack[RequestOptions]
     ) -> bytearray:
         """The body of a 2xx answer; raises the error of any other. Past the limits' ``small``
         bytes, the body is read only once ``slot`` is held (when the server is not trusted)."""
+        max_bytes = options.get("max_bytes")
         if max_bytes is None and self.limits is not None:
             max_bytes = self.limits.max_response_bytes
         await self.config.refresh_token()
         await self._limiter.acquire()
-        data = None
-        if body is not None:
-            data = body if isinstance(body, bytes | str) else orjson.dumps(body)
-        query = _query(params)
+        data = _encoded(options.get("body"))
+        content_type = options.get("content_type", "application/json")
+        timeout = options.get("timeout") or self.timeout
+        query = _query(options.get("params"))
         for attempt in (0, 1):
             started = time.perf_counter()
             try:
@@ -262,7 +259,7 @@ class Client:
                     params=query,
                     data=data,
                     headers=self._headers(content_type if data is not None else None),
-                    timeout=aiohttp.ClientTimeout(total=timeout or self.timeout),
+                    timeout=aiohttp.ClientTimeout(total=timeout),
                     server_hostname=self.config.tls_server_name,
                     allow_redirects=False,
                 ) as resp:
@@ -308,48 +305,29 @@ class Client:
         return await self.request("GET", resource.path(namespace, name), params=params)
 
     async def list(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        limit: int = 500,
+        self, resource: Resource, namespace: str | None = None, **options: Unpack[ListOptions]
     ) -> tuple[list[dict], str]:
         """All items (following ``continue`` tokens) and the list's resourceVersion."""
         items: builtins.list[dict] = []
         version = ""
-        async for page in self.list_pages(
-            resource,
-            namespace,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            limit=limit,
-        ):
+        async for page in self.list_pages(resource, namespace, **options):
             items.extend(page.get("items") or ())
             version = page["metadata"].get("resourceVersion", "")
         return items, version
 
     async def list_pages(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        limit: int = 500,
+        self, resource: Resource, namespace: str | None = None, **options: Unpack[ListOptions]
     ) -> AsyncGenerator[dict, None]:
         """The pages of a list, as the server sends them. A page over ``max_response_bytes``
         is asked again with a quarter of the ``limit`` (and so are the pages after it), down
         to one object; all pages together may not exceed ``max_list_bytes``."""
         path = resource.path(namespace)
         context = f"GET {path} on {self.name}"
+        params = _list_params(options)
         if self.limits is None:
-            pages = self._pages(path, context, label_selector, field_selector, limit)
+            pages = self._pages(path, context, params)
         else:
-            pages = self._bounded_pages(
-                self.limits, path, context, label_selector, field_selector, limit
-            )
+            pages = self._bounded_pages(self.limits, path, context, params)
         async for page in self._pausing(context, pages):
             yield page
 
@@ -366,67 +344,29 @@ class Client:
             raise
 
     async def _pages(
-        self,
-        path: str,
-        context: str,
-        label_selector: str | None,
-        field_selector: str | None,
-        limit: int,
+        self, path: str, context: str, params: dict[str, Any]
     ) -> AsyncGenerator[dict, None]:
         """The pages of a list from a trusted server, as client-go reads them."""
-        params: dict[str, Any] = {
-            "labelSelector": label_selector,
-            "fieldSelector": field_selector,
-            "limit": limit,
-        }
         while True:
-            payload = await self._request(
-                "GET",
-                path,
-                params=params,
-                body=None,
-                content_type="application/json",
-                timeout=None,
-                max_bytes=None,
-            )
+            payload = await self._request("GET", path, params=params)
             page = _list_page(self._json(payload, context), context)
             del payload
             yield page
-            token = page["metadata"].get("continue")
-            if not token:
+            if not _ask_next_page(page, params):
                 return
-            params["continue"] = token
 
     async def _bounded_pages(
-        self,
-        limits: ReadLimits,
-        path: str,
-        context: str,
-        label_selector: str | None,
-        field_selector: str | None,
-        limit: int,
+        self, limits: ReadLimits, path: str, context: str, params: dict[str, Any]
     ) -> AsyncGenerator[dict, None]:
         """The pages of a list from a server that is not trusted: each within the limits, read
         while holding a slot once large, and used while it is held."""
-        params: dict[str, Any] = {
-            "labelSelector": label_selector,
-            "fieldSelector": field_selector,
-            "limit": limit,
-        }
         left = limits.max_list_bytes
         while True:
             async with holding(limits, self._own_slot) as slot:
                 per_page = min(limits.max_response_bytes, left)
                 try:
                     payload = await self._request(
-                        "GET",
-                        path,
-                        params=params,
-                        body=None,
-                        content_type="application/json",
-                        timeout=None,
-                        max_bytes=per_page,
-                        slot=slot,
+                        "GET", path, params=params, max_bytes=per_page, slot=slot
                     )
                 except ResponseTooLarge:
                     if per_page < limits.max_response_bytes:
@@ -440,10 +380,8 @@ class Client:
                 page = _list_page(self._json(payload, context), context)
                 del payload
                 yield page  # used while the slot is held
-            token = page["metadata"].get("continue")
-            if not token:
+            if not _ask_next_page(page, params):
                 return
-            params["continue"] = token
 
     def _smaller_pages(self, context: str, limit: int, per_page: int) -> int:
         """The page size to ask for after a page over ``per_page`` bytes at ``limit``."""
@@ -798,6 +736,30 @@ async def _read(
             return body
     resp.close()
     return None
+
+
+def _encoded(body: Any) -> bytes | str | None:
+    """A request's body as it is sent: bytes and text as they are, anything else as JSON."""
+    if body is None or isinstance(body, bytes | str):
+        return body
+    return orjson.dumps(body)
+
+
+def _list_params(options: ListOptions) -> dict[str, Any]:
+    """The query of a list's first page."""
+    return {
+        "labelSelector": options.get("label_selector"),
+        "fieldSelector": options.get("field_selector"),
+        "limit": options.get("limit", PAGE_LIMIT),
+    }
+
+
+def _ask_next_page(page: dict, params: dict[str, Any]) -> bool:
+    """Whether a list goes on after ``page``; when it does, ``params`` now ask for the next."""
+    token = page["metadata"].get("continue")
+    if token:
+        params["continue"] = token
+    return bool(token)
 
 
 def _error(status: int, payload: bytes | bytearray | None, context: str) -> ApiError:

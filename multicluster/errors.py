@@ -17,10 +17,23 @@ MESSAGE_LIMIT = 1024
 _CONTROLS = {c: " " for c in (*range(32), 127)}  # no forged log lines
 
 
+_BY_STATUS: dict[int, type[ApiError]] = {}
+"""The error :func:`error_for` raises for each status code, filled as the classes are made."""
+
+
 class ApiError(Exception):
-    """An error answered by an API server (``status`` is the HTTP status code)."""
+    """An error answered by an API server (``status`` is the HTTP status code).
+
+    A subclass names the code it stands for once, as a class keyword (``status=404``): that
+    sets its ``status`` and makes it the error raised for that code."""
 
     status: int = 0
+
+    def __init_subclass__(cls, *, status: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+            _BY_STATUS[status] = cls
 
     def __init__(self, message: str, *, status: int | None = None, body: Any = None) -> None:
         super().__init__(message)
@@ -37,48 +50,37 @@ class ApiError(Exception):
         return self.body.get("message") or str(self)
 
 
-class BadRequest(ApiError):
-    status = 400
+class BadRequest(ApiError, status=400): ...
 
 
-class Unauthorized(ApiError):
-    status = 401
+class Unauthorized(ApiError, status=401): ...
 
 
-class Forbidden(ApiError):
-    status = 403
+class Forbidden(ApiError, status=403): ...
 
 
-class NotFound(ApiError):
-    status = 404
+class NotFound(ApiError, status=404): ...
 
 
-class Conflict(ApiError):
+class Conflict(ApiError, status=409):
     """409: the object changed since it was read (or, as AlreadyExists, exists already)."""
 
-    status = 409
+
+class AlreadyExists(Conflict): ...
 
 
-class AlreadyExists(Conflict):
-    pass
-
-
-class Gone(ApiError):
+class Gone(ApiError, status=410):
     """410: the requested resource version is too old (watch or list must start over)."""
 
-    status = 410
+
+class Invalid(ApiError, status=422): ...
 
 
-class Invalid(ApiError):
-    status = 422
+class TooManyRequests(ApiError, status=429): ...
 
 
-class TooManyRequests(ApiError):
-    status = 429
-
-
-class ServerError(ApiError):
-    status = 500
+class ServerError(ApiError, status=500):
+    """5xx: the server failed (any code from 500 up that has no class of its own)."""
 
 
 class Unreachable(ApiError):
@@ -91,18 +93,6 @@ class BadResponse(ApiError):
 
 class ResponseTooLarge(BadResponse):
     """An answer, or one watch event, over the client's size limit (not read further)."""
-
-
-_BY_STATUS: dict[int, type[ApiError]] = {
-    400: BadRequest,
-    401: Unauthorized,
-    403: Forbidden,
-    404: NotFound,
-    409: Conflict,
-    410: Gone,
-    422: Invalid,
-    429: TooManyRequests,
-}
 
 
 def status_of(body: Any) -> dict | None:

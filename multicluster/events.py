@@ -16,7 +16,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from .client import Client
 from .errors import ApiError, Conflict, NotFound
@@ -101,20 +101,17 @@ def object_key(obj: dict, default_namespace: str) -> ObjectKey:
     )
 
 
+@dataclass(eq=False)
 class EventRecorder:
-    def __init__(
-        self,
-        client: Client,
-        component: str,
-        *,
-        default_namespace: str = "default",
-        correlator: Correlator | None = None,
-    ) -> None:
-        self.client = client
-        self.component = component
-        self.default_namespace = default_namespace
-        self.correlator = correlator or Correlator()
-        self._pending: set[asyncio.Task] = set()
+    """Writes the Events of one ``component`` with ``client``; those about cluster-scoped
+    objects go to ``default_namespace``."""
+
+    client: Client
+    component: str
+    _: KW_ONLY
+    default_namespace: str = "default"
+    correlator: Correlator = field(default_factory=Correlator)
+    _pending: set[asyncio.Task] = field(default_factory=set, init=False, repr=False)
 
     def emit(self, obj: dict, event_type: str, reason: str, message: str) -> None:
         """Record in the background: a reconciler never waits on an event. Past
