@@ -34,8 +34,6 @@ from multicluster import (
     Registration,
     Request,
     Result,
-    Unreachable,
-    remove_finalizer,
 )
 from multicluster.events import EventRecorder
 from multicluster.informer import ADDED, DELETED
@@ -63,9 +61,11 @@ from ..api.proxy import (
 from ..api.summary import slim_node
 from ..targets.delegates import ENABLED_NAMESPACES, DelegateLookup, Placement, enabled_namespaces
 from ..targets.registry import TargetConnection
+from ..targets.release import ProxyRelease, delete_delegate
 from .fit import (
     Candidate,
     Constraints,
+    ProxyConstraints,
     choose,
     constraints,
     proxy_constraints,
@@ -179,6 +179,7 @@ class Scheduler:
         self.cluster_name = lookup.cluster_name
         self.verify_timeout = verify_timeout
         self.events = EventRecorder(local.client, "admiralty-proxy-scheduler")
+        self.ending = ProxyRelease(local, lookup, self.events)
         self.placements = lookup.placements  # shared with the lookup; written here only
         self.exclusions: dict[str, dict[str, tuple[str, float]]] = {}
         self.unschedulable: set[Request] = set()
@@ -412,7 +413,7 @@ class Scheduler:
             live.sort(key=lambda cd: (not _scheduled(cd[1]), cd[1]["metadata"]["name"]))
             mine, extra = live[:1], live[1:]
         for connection, delegate in extra:
-            await _delete(connection, delegate, "an extra delegate of this pod")
+            await delete_delegate(connection, delegate, "an extra delegate of this pod")
         if mine:
             return await self._verify(proxy, *mine[0])
         if placement is not None:
@@ -421,7 +422,7 @@ class Scheduler:
             if chosen is not None and chosen.cluster is not None:
                 if waited < self.verify_timeout:
                     return Result(requeue_after=self.verify_timeout - waited)
-                await _delete(chosen, _named(proxy, placement.delegate), "never seen")
+                await delete_delegate(chosen, _named(proxy, placement.delegate), "never seen")
             self._exclude(uid, placement.node, "the delegate never appeared in the target")
         return await self._place(request, proxy)
 
@@ -443,8 +444,9 @@ class Scheduler:
         else:
             waited = time.time() - placement.started
             if waited < self.verify_timeout:
-                if waited < ANNOUNCE_AFTER:
-                    return Result(requeue_after=ANNOUNCE_AFTER - waited)
+                announce = min(ANNOUNCE_AFTER, self.verify_timeout)
+                if waited < announce:
+                    return Result(requeue_after=announce - waited)
                 if not placement.announced:
                     placement.announced = True
                     self.events.emit(
@@ -456,7 +458,7 @@ class Scheduler:
                     )
                 return Result(requeue_after=self.verify_timeout - waited)
             why = f"{connection.name}: no scheduling decision within {self.verify_timeout:g}s"
-        await _delete(connection, delegate, "its target could not schedule it")
+        await delete_delegate(connection, delegate, "its target could not schedule it")
         self._exclude(uid, connection.node_name, why)
         self.events.emit(
             pod_reference(proxy),
@@ -485,8 +487,8 @@ class Scheduler:
         return None
 
     async def _place(self, request: Request, proxy: dict) -> Result | None:
-        meta = proxy["metadata"]
-        uid, namespace = meta["uid"], meta["namespace"]
+        """Choose a target for ``proxy`` and create its delegate there, or say why none fits."""
+        uid = proxy["metadata"]["uid"]
         refusal = self._refusal(proxy)
         if refusal is not None:
             await self._report_unschedulable(request, proxy, refusal)
@@ -504,9 +506,32 @@ class Scheduler:
         owner = controller_uid(proxy)
         excluded = self._excluded(uid)
         for connection in self.registry.connections.values():
-            why = runs_as_identity(manifest, connection, namespace)
+            why = runs_as_identity(manifest, connection, proxy["metadata"]["namespace"])
             if why is not None:
                 excluded = {**excluded, connection.node_name: why}
+        candidates, refused, allowed = self._candidates(proxy, asks, owner, excluded)
+        feasible, reasons = choose(wants, candidates)
+        if not feasible:
+            message = unschedulable_message(
+                allowed, [*reasons.values(), *refused, *(REJECTED for _ in excluded)]
+            )
+            if excluded:
+                message += " " + "; ".join(sorted(excluded.values()))
+            await self._report_unschedulable(request, proxy, message)
+            retry = RETRY_UNSCHEDULABLE
+            if excluded:
+                retry = min(retry, EXCLUSION_TTL)
+            return Result(requeue_after=retry)
+        connection = self.registry.connections[feasible[0].name]
+        delegate = delegate_pod(proxy, manifest, self.cluster_name)
+        return await self._create(request, proxy, connection, delegate, wants)
+
+    def _candidates(
+        self, proxy: dict, asks: ProxyConstraints, owner: str | None, excluded: dict[str, str]
+    ) -> tuple[list[Candidate], list[str], int]:
+        """The targets ``proxy`` may go to, each with what the filter and score need; why its
+        virtual node refuses it, for the others; and how many targets serve its namespace."""
+        namespace = proxy["metadata"]["namespace"]
         candidates = []
         refused: list[str] = []
         allowed = 0
@@ -529,30 +554,30 @@ class Scheduler:
                     siblings=self.spread.count(owner, connection.node_name),
                 )
             )
-        feasible, reasons = choose(wants, candidates)
-        if not feasible:
-            message = unschedulable_message(
-                allowed, [*reasons.values(), *refused, *(REJECTED for _ in excluded)]
-            )
-            if excluded:
-                message += " " + "; ".join(sorted(excluded.values()))
-            await self._report_unschedulable(request, proxy, message)
-            retry = RETRY_UNSCHEDULABLE
-            if excluded:
-                retry = min(retry, EXCLUSION_TTL)
-            return Result(requeue_after=retry)
-        connection = self.registry.connections[feasible[0].name]
-        cluster = connection.cluster
-        assert cluster is not None  # feasible targets are connected
+        return candidates, refused, allowed
+
+    async def _create(
+        self,
+        request: Request,
+        proxy: dict,
+        connection: TargetConnection,
+        delegate: dict,
+        wants: Constraints,
+    ) -> Result | None:
+        """Create ``delegate`` in the chosen target (at most ``MAX_CREATES_PER_OWNER`` at once
+        per owner of targets, each within ``CREATE_TIMEOUT``)."""
+        meta = proxy["metadata"]
+        uid, namespace = meta["uid"], meta["namespace"]
         owner_key = _owner_of(connection)
         if self._creating[owner_key] >= MAX_CREATES_PER_OWNER:
             # No worker waits: the pod is tried again as soon as one of these creates ends (the
             # requeue is a backstop, for a create that never returns its slot).
             self._waiting.setdefault(owner_key, {})[request] = None
             return Result(requeue_after=CREATE_TIMEOUT)
-        delegate = delegate_pod(proxy, manifest, self.cluster_name)
-        name = delegate["metadata"]["name"]
-        self.placements[uid] = Placement(connection.node_name, name, time.time())
+        owner = controller_uid(proxy)
+        self.placements[uid] = Placement(
+            connection.node_name, delegate["metadata"]["name"], time.time()
+        )
         self._assume(uid, connection.node_name, wants.requests)
         self.spread.set(uid, owner, connection.node_name)
         self.unschedulable.discard(request)
@@ -561,24 +586,11 @@ class Scheduler:
             async with asyncio.timeout(CREATE_TIMEOUT), self._flight(connection.node_name):
                 if self.prepare is not None:
                     await self.prepare(connection, delegate)
-                await cluster.client.create(PODS, delegate, namespace)
+                await connection.client.create(PODS, delegate, namespace)
         except AlreadyExists:
             pass
         except (ApiError, TimeoutError) as e:
-            message = (
-                e.message if isinstance(e, ApiError) else f"no answer in {CREATE_TIMEOUT:.0f}s"
-            )
-            why = f"{connection.name}: cannot create the delegate: {message}"
-            self._exclude(uid, connection.node_name, why)
-            self.spread.set(uid, owner, None)
-            self.events.emit(pod_reference(proxy), "Warning", "FailedCreateDelegate", why)
-            log.warning(
-                "delegate not created namespace=%s proxy=%s target=%s error=%s",
-                namespace,
-                meta["name"],
-                connection.node_name,
-                e,
-            )
+            self._not_created(proxy, connection, e)
             return Result(requeue=True)
         finally:
             self._creating[owner_key] -= 1
@@ -589,7 +601,27 @@ class Scheduler:
             meta["name"],
             connection.node_name,
         )
-        return Result(requeue_after=ANNOUNCE_AFTER)
+        return Result(requeue_after=min(ANNOUNCE_AFTER, self.verify_timeout))
+
+    def _not_created(
+        self, proxy: dict, connection: TargetConnection, error: ApiError | TimeoutError
+    ) -> None:
+        """The target refused the delegate, or did not answer: it is excluded for a while."""
+        meta = proxy["metadata"]
+        message = (
+            error.message if isinstance(error, ApiError) else f"no answer in {CREATE_TIMEOUT:.0f}s"
+        )
+        why = f"{connection.name}: cannot create the delegate: {message}"
+        self._exclude(meta["uid"], connection.node_name, why)
+        self.spread.set(meta["uid"], controller_uid(proxy), None)
+        self.events.emit(pod_reference(proxy), "Warning", "FailedCreateDelegate", why)
+        log.warning(
+            "delegate not created namespace=%s proxy=%s target=%s error=%s",
+            meta["namespace"],
+            meta["name"],
+            connection.node_name,
+            error,
+        )
 
     async def _bind(self, proxy: dict, connection: TargetConnection, delegate: dict) -> None:
         meta = proxy["metadata"]
@@ -654,23 +686,20 @@ class Scheduler:
     async def _release(
         self, request: Request, proxy: dict, found: list[tuple[TargetConnection, dict]]
     ) -> Result | None:
-        """An unbound proxy pod is being deleted: its delegates go first, then our finalizer."""
+        """An unbound proxy pod is being deleted (:meth:`ProxyRelease.finalize`); a delegate
+        created for it and not seen yet goes too."""
         uid = proxy["metadata"]["uid"]
         placement = self.placements.get(uid)
         if placement is not None and not any(d for c, d in found if c.node_name == placement.node):
             connection = self.registry.by_node(placement.node)
             if connection is not None and connection.cluster is not None:
-                await _delete(connection, _named(proxy, placement.delegate), "never seen")
-        for connection, delegate in found:
-            if not is_deleting(delegate):
-                await _delete(connection, delegate, "its proxy pod is deleted")
-        # Delegates in a target away past its failover setting are not waited for.
-        if any(connection.failover_in() != 0 for connection, _ in found):
-            return Result(requeue_after=2.0)
-        self.unschedulable.discard(request)
-        self._forget(uid)
-        await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
-        return None
+                named = _named(proxy, placement.delegate)
+                await delete_delegate(connection, named, "never seen")
+        result = await self.ending.finalize(proxy, found)
+        if result is None:
+            self.unschedulable.discard(request)
+            self._forget(uid)
+        return result
 
 
 def _named(proxy: dict, name: str) -> dict:
@@ -683,22 +712,3 @@ def _scheduled(delegate: dict) -> bool:
         return True
     condition = pod_condition(delegate, "PodScheduled")
     return bool(condition and condition.get("status") == "True")
-
-
-async def _delete(connection: TargetConnection, delegate: dict, why: str) -> None:
-    """Delete a delegate. One in a target away past its failover setting is left for when the
-    target is back (its proxy pod is placed elsewhere or gone by then, and the orphan controller
-    deletes it): waiting would hold the pod for as long as the target stays away."""
-    try:
-        await connection.delete_delegate(delegate, why)
-    except Unreachable:
-        if connection.failover_in() != 0:
-            raise
-        log.info(
-            "delegate left in failed-over target for when it is back namespace=%s name=%s "
-            "target=%s reason=%r",
-            delegate["metadata"].get("namespace"),
-            delegate["metadata"].get("name"),
-            connection.node_name,
-            why,
-        )

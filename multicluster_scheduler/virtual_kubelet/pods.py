@@ -18,29 +18,16 @@ and their delegates are deleted as orphans when the target is back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from itertools import repeat
 
-from multicluster import (
-    ApiError,
-    Cluster,
-    Conflict,
-    Controller,
-    NotFound,
-    Registration,
-    Request,
-    Result,
-    Unreachable,
-)
+from multicluster import Cluster, Controller, NotFound, Registration, Request, Result
 from multicluster.events import EventRecorder
-from multicluster.gc import has_finalizer, remove_finalizer
+from multicluster.gc import has_finalizer
 from multicluster.informer import DELETED
 from multicluster.resources import PODS
 
 from ..api import keys
 from ..api.proxy import (
-    DELEGATE_LABEL_SELECTOR,
     PROXY_FIELD_SELECTOR,
     PROXY_UID_INDEX,
     is_deleting,
@@ -48,28 +35,17 @@ from ..api.proxy import (
     looks_like_delegate,
     parent_uid,
     pod_reference,
-    proxy_uid_index,
     slim_proxy,
 )
 from ..targets.delegates import DelegateLookup
 from ..targets.registry import TargetConnection
+from ..targets.release import RECHECK, ProxyRelease
 from .status import annotation_patch, status_patch
 
 log = logging.getLogger(__name__)
 NODE_INDEX = "node"
-RECHECK = 5.0
-RELEASE_TIMEOUT = 5.0
-RELEASE_CONCURRENCY = 32
-RELEASE_PER_DELEGATE = 0.05
-RELEASE_CEILING = 60.0
-RELEASE_LISTED = 5000  # pods listed from a target that goes, beyond twice what its cache holds
 VIRTUAL_NODE_PREFIX = "admiralty-"
 REFUSED_REASON = "NotProxyPod"
-FAILOVER_REASON = "TargetFailover"
-
-
-class TooMany(Exception):
-    """A target listed more pods than it could hold of ours."""
 
 
 def _node_of(pod: dict) -> list[str]:
@@ -87,23 +63,25 @@ class PodSync:
         self.registry = registry = lookup.registry
         self.cluster_name = lookup.cluster_name
         self.events = EventRecorder(local.client, "admiralty-virtual-kubelet")
+        self.ending = ProxyRelease(local, lookup, self.events)
+        # Pods that are not proxies, by the virtual node they are bound to.
+        self.foreign: dict[str, Registration] = {}
+        self.proxies = lookup.proxies  # the shared cache of proxy pods, indexed by uid
+        self.proxies.add_indexer(NODE_INDEX, _node_of)
         self.proxies_controller = Controller(
-            "virtual-kubelet-pods", self.sync_proxy, workers=workers
+            "virtual-kubelet-pods", BoundProxies(self), workers=workers
         )
-        self.orphans_controller = Controller("delegate-orphans", self.sync_orphan, workers=4)
-        self.foreign_controller = Controller("virtual-node-refusals", self.refuse, workers=2)
-        self.proxies = self.proxies_controller.watch(
+        self.proxies_controller.watch(
             local,
             PODS,
             field_selector=PROXY_FIELD_SELECTOR,
             transform=slim_proxy,
             predicates=[lambda _event, pod, _old: bool(pod["spec"].get("nodeName"))],
         )
-        self.proxies.add_indexer(PROXY_UID_INDEX, proxy_uid_index)
-        self.proxies.add_indexer(NODE_INDEX, _node_of)
         self.proxies.add_handler(self._proxy_event)
+        self.orphans_controller = Controller("delegate-orphans", OrphanDelegates(self), workers=4)
+        self.foreign_controller = Controller("virtual-node-refusals", Refusals(self), workers=2)
         self._delegate_handlers: dict[str, Registration] = {}
-        self._foreign: dict[str, Registration] = {}
         self._failovers: dict[str, asyncio.TimerHandle] = {}
         self._away: set[str] = set()
         registry.on_connected(self._connected)
@@ -200,7 +178,7 @@ class PodSync:
 
     def watch_node(self, node: str) -> None:
         """Refuse pods that are not proxies but land on ``node``."""
-        if node in self._foreign:
+        if node in self.foreign:
             return
         informer = self.local.informer(
             PODS,
@@ -213,99 +191,89 @@ class PodSync:
                 meta = pod["metadata"]
                 queue.add(Request(node, meta["namespace"], meta["name"]))
 
-        self._foreign[node] = informer.add_handler(on_pod)
+        self.foreign[node] = informer.add_handler(on_pod)
 
     async def unwatch_node(self, node: str) -> None:
-        registration = self._foreign.pop(node, None)
+        registration = self.foreign.pop(node, None)
         if registration is not None:
             registration.remove()
             await self.local.remove_informer(registration.informer)
 
-    # -- proxy pods bound to virtual nodes ----------------------------------------------------
+    # -- a target goes away -------------------------------------------------------------------
 
-    async def sync_proxy(self, request: Request) -> Result | None:
+    async def release(self, connection: TargetConnection) -> None:
+        """The target is deleted: its delegates are deleted while they can be, and the proxy
+        pods bound to its node are let go so that owners replace them."""
+        proxies = self.proxies.by_index(NODE_INDEX, connection.node_name)
+        await self.ending.release_target(connection, proxies)
+
+    async def release_node(self, node: str) -> None:
+        """The node of a target deleted while no agent led: its delegates cannot be found any
+        more (nothing says where it was); let go of its proxy pods so owners replace them."""
+        await self.proxies.wait_synced()
+        await self.ending.let_go_all(self.proxies.by_index(NODE_INDEX, node))
+
+
+class BoundProxies:
+    """The reconciler of proxy pods bound to virtual nodes: the delegate's status mirrored on
+    the proxy pod, duplicates deleted, and how the pod ends (:mod:`..targets.release`)."""
+
+    def __init__(self, pods: PodSync) -> None:
+        self.pods = pods
+        self.proxies = pods.proxies
+        self.registry = pods.registry
+        self.lookup = pods.lookup
+        self.ending = pods.ending
+        self.local = pods.local
+        self.events = pods.events
+
+    async def reconcile(self, request: Request) -> Result | None:
         proxy = self.proxies.get(request.name, request.namespace)
         if proxy is None:
             return None
         node = proxy["spec"].get("nodeName")
         connection = self.registry.by_node(node)
         if connection is None:
-            if node in self.registry.removing:
-                return Result(requeue_after=RECHECK)  # its release deletes delegates first
-            targets = self.registry.target_nodes()
-            # Its Target is gone (the release when it went failed, or nobody led then).
-            gone = (
-                targets is not None
-                and node not in targets
-                and node.startswith(VIRTUAL_NODE_PREFIX)
-                and has_finalizer(proxy, keys.FINALIZER)
-            )
-            if gone and not await self._let_go(proxy):
-                return Result(requeue_after=RECHECK)
-            return None
+            return await self._without_target(proxy, node)
         here = self.lookup.in_target(proxy, connection)
-        elsewhere = await self._delete_duplicates(proxy, connection)
+        elsewhere = await self.ending.delete_duplicates(proxy, connection)
         result = await self._sync_bound(proxy, connection, here)
         if elsewhere is not None:
             raise elsewhere  # retried with backoff, once this pod's own target is served
         return result
 
-    async def _delete_duplicates(
-        self, proxy: dict, connection: TargetConnection
-    ) -> Exception | None:
-        """Delete the delegates of ``proxy`` in targets other than the one it is bound to. A
-        target that cannot be reached does not hold the pod: its error is returned for a retry
-        after the pod is served, and one away past its failover setting is left alone (the
-        registry deletes the duplicate, its proxy pod being bound elsewhere, once it is back)."""
-        namespace = proxy["metadata"]["namespace"]
-        failed: Exception | None = None
-        for other in self.registry.connections.values():
-            if other is connection or other.same_place(connection, namespace):
-                continue  # another Target of the same cluster and namespace sees the same pods
-            for delegate in self.lookup.in_target(proxy, other):  # duplicates: it is bound here
-                if is_deleting(delegate):
-                    continue
-                try:
-                    await other.delete_delegate(
-                        delegate, "its proxy pod is bound to another target"
-                    )
-                except Unreachable as e:
-                    if other.failover_in() != 0:
-                        failed = failed or e
-                except ApiError as e:
-                    failed = failed or e
-        return failed
+    async def _without_target(self, proxy: dict, node: str) -> Result | None:
+        if node in self.registry.removing:
+            return Result(requeue_after=RECHECK)  # its release deletes delegates first
+        targets = self.registry.target_nodes()
+        # Its Target is gone (the release when it went failed, or nobody led then).
+        gone = (
+            targets is not None
+            and node not in targets
+            and node.startswith(VIRTUAL_NODE_PREFIX)
+            and has_finalizer(proxy, keys.FINALIZER)
+        )
+        if gone and not await self.ending.let_go(proxy):
+            return Result(requeue_after=RECHECK)
+        return None
 
     async def _sync_bound(
         self, proxy: dict, connection: TargetConnection, here: list[dict]
     ) -> Result | None:
         if connection.failover_in() == 0 and (is_deleting(proxy) or not is_terminal(proxy)):
-            return (
-                None if await self._fail_over(proxy, connection) else Result(requeue_after=RECHECK)
-            )
+            done = await self.ending.fail_over(proxy, connection)
+            return None if done else Result(requeue_after=RECHECK)
         if is_deleting(proxy):
-            return await self._finalize(proxy, connection, here)
+            found = [(connection, delegate) for delegate in here]
+            return await self.ending.finalize(proxy, found, watched=connection)
         if not connection.delegates_synced:
             return Result(requeue_after=RECHECK)  # cannot tell: wait for the target
         delegate = next((d for d in here if not is_deleting(d)), None)
         if delegate is None:
             if not here and not is_terminal(proxy):
-                await self._lost(proxy, connection)
+                await self.ending.lost(proxy, connection)
             return None
         await self._mirror(proxy, connection, delegate)
-        return None
-
-    async def _finalize(
-        self, proxy: dict, connection: TargetConnection, here: list[dict]
-    ) -> Result | None:
-        for delegate in here:
-            if not is_deleting(delegate):
-                await connection.delete_delegate(delegate, "its proxy pod is deleted")
-        if here:
-            return Result(requeue_after=RECHECK)  # the delete events requeue it sooner
-        if not connection.delegates_synced:
-            return Result(requeue_after=RECHECK)  # a delegate may still run there
-        await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
         return None
 
     async def _mirror(self, proxy: dict, connection: TargetConnection, delegate: dict) -> None:
@@ -333,58 +301,16 @@ class PodSync:
                 f"{connection.name}: {status.get('message') or 'no reason given'}",
             )
 
-    async def _lost(self, proxy: dict, connection: TargetConnection) -> None:
-        """Its delegate was deleted in the target (by hand, a drain there, its garbage
-        collector): the proxy pod is deleted, as Admiralty does, so that its owner replaces it
-        and no Failed pod is left behind. Its finalizer goes on the next pass (no delegate)."""
-        meta = proxy["metadata"]
-        message = (
-            f"the delegate of this pod in target {connection.name} was deleted outside "
-            "multicluster-scheduler; this pod is deleted so that its owner replaces it"
-        )
-        self.events.emit(pod_reference(proxy), "Warning", "DelegateLost", message)
-        try:
-            await self.local.client.delete(
-                PODS, meta["name"], meta["namespace"], preconditions={"uid": meta["uid"]}
-            )
-        except (NotFound, Conflict):
-            return  # gone already, or another pod of that name now
-        log.info(
-            "delegate lost, proxy pod deleted namespace=%s proxy=%s target=%s",
-            meta["namespace"],
-            meta["name"],
-            connection.node_name,
-        )
 
-    async def _fail_over(self, proxy: dict, connection: TargetConnection) -> bool:
-        """Release ``proxy`` from a target away past its failover setting; whether done."""
-        meta = proxy["metadata"]
-        message = (
-            f"target {connection.name} has not been Ready for {connection.failover_after:g}s "
-            f"(its failoverAfterSeconds) ({connection.reason}: {connection.message}); this pod "
-            "is released so that its owner replaces it elsewhere; its delegate there is "
-            "deleted when the target is back"
-        )
-        if not is_deleting(proxy):
-            self.events.emit(pod_reference(proxy), "Warning", FAILOVER_REASON, message)
-        if connection.delegates_synced:  # reachable but not Ready (a summary missing, say)
-            with contextlib.suppress(ApiError, TimeoutError):
-                async with asyncio.timeout(RELEASE_TIMEOUT):
-                    for delegate in self.lookup.in_target(proxy, connection):
-                        await connection.delete_delegate(delegate, "its target failed over")
-        if not await self._let_go(proxy):
-            return False
-        log.info(
-            "proxy pod released namespace=%s name=%s target=%s reason=failover",
-            meta["namespace"],
-            meta["name"],
-            connection.node_name,
-        )
-        return True
+class OrphanDelegates:
+    """The reconciler of delegates whose proxy pod no longer exists: they are deleted."""
 
-    # -- delegates whose proxy pod is gone ----------------------------------------------------
+    def __init__(self, pods: PodSync) -> None:
+        self.proxies = pods.proxies
+        self.registry = pods.registry
+        self.cluster_name = pods.cluster_name
 
-    async def sync_orphan(self, request: Request) -> Result | None:
+    async def reconcile(self, request: Request) -> Result | None:
         connection = self.registry.by_node(request.cluster)
         if connection is None or connection.delegates is None:
             return None
@@ -403,10 +329,18 @@ class PodSync:
         await connection.delete_delegate(delegate, "its proxy pod no longer exists")
         return None
 
-    # -- pods that are not proxies ------------------------------------------------------------
 
-    async def refuse(self, request: Request) -> Result | None:
-        registration = self._foreign.get(request.cluster)
+class Refusals:
+    """The reconciler of pods that are not proxies but are bound to a virtual node: refused
+    once, as a kubelet refuses a pod it cannot run."""
+
+    def __init__(self, pods: PodSync) -> None:
+        self.watched = pods.foreign
+        self.local = pods.local
+        self.events = pods.events
+
+    async def reconcile(self, request: Request) -> Result | None:
+        registration = self.watched.get(request.cluster)
         if registration is None:
             return None
         pod = registration.informer.get(request.name, request.namespace)
@@ -428,134 +362,3 @@ class PodSync:
             return None
         self.events.emit(pod_reference(pod), "Warning", REFUSED_REASON, message)
         return None
-
-    # -- a target goes away -------------------------------------------------------------------
-
-    async def release(self, connection: TargetConnection) -> None:
-        """The target is deleted: delete its delegates while we still can (all at once, within
-        ``RELEASE_TIMEOUT``), and let go of the proxy pods bound to its node (finalizer
-        removed, pod deleted) so owners replace them."""
-        proxies = self.proxies.by_index(NODE_INDEX, connection.node_name)
-        delegates = await self._left_in(connection)
-        limit = asyncio.Semaphore(RELEASE_CONCURRENCY)
-
-        async def delete(delegate: dict) -> None:
-            async with limit:
-                await connection.delete_delegate(delegate, "its target is deleted")
-
-        try:
-            # Enough time for the work (a target may hold thousands), not forever if it is away.
-            # ... and a ceiling: a hostile target's answers must not hold the removal for hours.
-            async with asyncio.timeout(
-                min(RELEASE_TIMEOUT + RELEASE_PER_DELEGATE * len(delegates), RELEASE_CEILING)
-            ):
-                results = await asyncio.gather(
-                    *(delete(d) for d in delegates), return_exceptions=True
-                )
-        except TimeoutError as e:
-            results = [e]
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            log.warning(
-                "delegates not all deleted with their target target=%s failed=%d error=%s",
-                connection.node_name,
-                len(failed),
-                failed[0],
-            )
-        for proxy in proxies:
-            await self._let_go(proxy)
-
-    async def _left_in(self, connection: TargetConnection) -> list[dict]:
-        """Our delegates in a target that goes, but those of proxy pods placed in another Target
-        of the same place. They are listed from its API server: the cache may not have seen the
-        last ones created (the scheduler has waited for its creates under way to end). What a
-        target answers is not trusted: pages are read one at a time, only the names of what
-        qualifies are kept, and past a count the cache can explain, the cache is used."""
-        if connection.cluster is None:
-            return []
-        cached = connection.delegates.list() if connection.delegates is not None else []
-        most = RELEASE_LISTED + 2 * len(cached)
-        left: list[dict] = []
-        seen = 0
-        try:
-            async with asyncio.timeout(RELEASE_TIMEOUT):
-                async for page in connection.cluster.client.list_pages(
-                    PODS, connection.namespace, label_selector=DELEGATE_LABEL_SELECTOR
-                ):
-                    items = page.get("items") or ()
-                    seen += len(items)
-                    if seen > most:
-                        raise TooMany(f"over {most} pods listed")
-                    left.extend(d for d in map(self._leftover, items, repeat(connection)) if d)
-                    del page, items
-        except (ApiError, TimeoutError, TooMany) as e:  # away, paused, or not an API server
-            log.warning(
-                "delegates of a removed target not listed, using the cache target=%s error=%s",
-                connection.node_name,
-                e or "no answer",
-            )
-            left = [d for d in map(self._leftover, cached, repeat(connection)) if d]
-        return left
-
-    def _leftover(self, pod: object, connection: TargetConnection) -> dict | None:
-        """The name and uid of ``pod`` if it is a delegate of ours to delete with its target."""
-        meta = pod.get("metadata") if type(pod) is dict else None
-        if type(meta) is not dict:
-            return None
-        try:
-            namespace = meta.get("namespace") or ""
-            if (
-                meta.get("deletionTimestamp")
-                or not connection.allows(namespace)
-                or not looks_like_delegate(pod, self.cluster_name)  # type: ignore[arg-type]
-            ):
-                return None
-            proxy = self.lookup.proxy(parent_uid(pod))  # type: ignore[arg-type]
-        except (AttributeError, TypeError):
-            return None  # fields of the wrong types: not ours
-        home = self.lookup.home(proxy) if proxy is not None else None
-        if home is not None and home.same_place(connection, namespace):
-            return None  # seen through another Target of that cluster, where it stays
-        return {"metadata": {"name": meta["name"], "namespace": namespace, "uid": meta.get("uid")}}
-
-    async def release_node(self, node: str) -> None:
-        """The node of a target deleted while no agent led: its delegates cannot be found any
-        more (nothing says where it was); let go of its proxy pods so owners replace them."""
-        await self.proxies.wait_synced()
-        for proxy in self.proxies.by_index(NODE_INDEX, node):
-            await self._let_go(proxy)
-
-    async def _let_go(self, proxy: dict) -> bool:
-        """Remove our finalizer and delete the proxy pod (a fresh copy is read once when the
-        cached one is behind); whether it is done. Not done, the caller's reconcile is retried:
-        retries belong to the controller's queue."""
-        meta = proxy["metadata"]
-        for _ in range(2):
-            try:
-                if await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER) is None:
-                    return True  # gone
-                await self.local.client.delete(
-                    PODS,
-                    meta["name"],
-                    meta["namespace"],
-                    missing_ok=True,
-                    grace_period_seconds=0,
-                    preconditions={"uid": meta["uid"]},
-                )
-                return True
-            except Conflict:
-                try:
-                    proxy = await self.local.client.get(PODS, meta["name"], meta["namespace"])
-                except NotFound:
-                    return True
-                if proxy["metadata"].get("uid") != meta["uid"]:
-                    return True  # a namesake
-            except ApiError as e:
-                log.warning(
-                    "proxy pod not released namespace=%s name=%s: %s",
-                    meta["namespace"],
-                    meta["name"],
-                    e,
-                )
-                return False
-        return False

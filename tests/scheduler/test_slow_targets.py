@@ -1,143 +1,142 @@
 """A target that never answers the creation of delegates holds a bounded share of the
 scheduler's workers: at most ``MAX_CREATES_PER_OWNER`` of its namespace's pods wait on it, each
 at most ``CREATE_TIMEOUT``; the others wait without holding a worker, each asked again as soon as
-one of those creates ends, and other namespaces' pods are placed meanwhile."""
+one of those creates ends, and other namespaces' pods are placed meanwhile.
+
+On the fake API server of :mod:`multicluster.testing` (see ``test_scheduler_controller``), the
+silent target is a fake cluster whose client takes pod creations and answers them only when the
+test lets it."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from multicluster import Cluster, ClusterConfig, Request
-from multicluster.resources import PODS
-from multicluster_scheduler.api import keys
-from multicluster_scheduler.api.proxy import slim_proxy
-from multicluster_scheduler.api.resources import CLUSTER_SUMMARIES
+import pytest
+
+from multicluster.resources import EVENTS, PODS
+from multicluster.testing import FakeClient, FakeCluster, FakeServer
+from multicluster_scheduler.api.proxy import delegate_name
 from multicluster_scheduler.scheduler import controller as scheduler_module
-from multicluster_scheduler.scheduler.controller import Scheduler, proxy_informer
-from multicluster_scheduler.targets.delegates import DelegateLookup
-from multicluster_scheduler.targets.registry import (
-    DELEGATE_INDEX,
-    TargetConnection,
-    TargetRegistry,
-    by_parent_uid,
+from tests.scheduler.test_scheduler_controller import (
+    World,
+    condition_seen,
+    elected,
+    make_world,
+    node,
+    uid_of,
+    until,
 )
-from tests.sources.test_source_controller import make_cluster
 
-SUMMARY = {
-    "metadata": {"name": "singleton", "uid": "s", "resourceVersion": "1"},
-    "capacity": {"cpu": "100", "memory": "100Gi", "pods": "1000"},
-    "allocatable": {"cpu": "100", "memory": "100Gi", "pods": "1000"},
-}
+__all__ = ["make_world"]  # the fixture, imported to be used here (not an unused import)
+
+EVIL, GOOD = "mallory", "good"
 
 
-class Silent:
-    """A target's API server that accepts connections and never answers a creation."""
+class Silent(FakeClient):
+    """A client whose pod creations get no answer until :meth:`answer` (reads and other writes
+    are answered at once): a target's API server that accepts connections and stalls."""
 
-    def __init__(self) -> None:
-        self.waiting = 0
+    def __init__(self, server: FakeServer, *, name: str) -> None:
+        super().__init__(server, name=name)
+        self.asked: list[str] = []  # the delegates whose creation it was asked, in order
+        self.stalled: list[asyncio.Event] = []
+        self.most = 0  # creations stalled at once, at most
 
-    async def create(self, *_args, **_kwargs):
-        self.waiting += 1
-        await asyncio.Event().wait()
+    async def create(
+        self, resource: Any, body: dict, namespace: str | None = None, **kw: Any
+    ) -> dict:
+        if resource == PODS and not kw.get("subresource"):
+            self.asked.append(body["metadata"]["name"])
+            answer = asyncio.Event()
+            self.stalled.append(answer)
+            self.most = max(self.most, len(self.stalled))
+            try:
+                await answer.wait()
+            finally:
+                self.stalled.remove(answer)
+        return await super().create(resource, body, namespace, **kw)
 
-
-class Quick:
-    def __init__(self) -> None:
-        self.created: list[str] = []
-
-    async def create(self, _resource, body, namespace=None, **_kwargs):
-        self.created.append(body["metadata"]["name"])
-        return body
-
-
-def connect(registry: TargetRegistry, name: str, namespace: str, client) -> TargetConnection:
-    cluster = Cluster(name, ClusterConfig(f"https://{name}.invalid:6443", None))
-    cluster.client = client
-    summaries = cluster.informer(CLUSTER_SUMMARIES)
-    summaries.store.put(keys.CLUSTER_SUMMARY_NAME, SUMMARY)
-    delegates = cluster.informer(PODS, namespace)
-    delegates.add_indexer(DELEGATE_INDEX, by_parent_uid)
-    delegates._synced.set()
-    connection = TargetConnection(
-        "Target", name, namespace, cluster=cluster, summaries=summaries, delegates=delegates,
-        ready=True, reason="Ready",
-    )  # fmt: skip
-    registry.connections[connection.node_name] = connection
-    return connection
+    def answer(self, count: int = 1) -> None:
+        """Let the ``count`` oldest stalled creations through."""
+        for answer in self.stalled[:count]:
+            answer.set()
 
 
-def proxy(name: str, namespace: str) -> dict:
-    manifest = {"metadata": {"name": name}, "spec": {"containers": [{"name": "c"}]}}
-    return slim_proxy(
-        {
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "uid": f"uid-{namespace}-{name}",
-                "finalizers": [keys.FINALIZER],
-                "annotations": {keys.SOURCEPOD_MANIFEST: json.dumps(manifest)},
-            },
-            "spec": {"schedulerName": keys.PROXY_SCHEDULER_NAME, "containers": []},
-        }
-    )
+class SilentCluster(FakeCluster):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, FakeServer(name=name))
+        self.client = self.silent = Silent(self.server, name=name)
 
 
-async def test_a_silent_target_holds_at_most_so_many_workers_of_its_namespace(monkeypatch):
-    monkeypatch.setattr(scheduler_module, "CREATE_TIMEOUT", 30.0)
-    local, _api = make_cluster()
-    registry = TargetRegistry()
-    lookup = DelegateLookup(registry, proxy_informer(local), "me")
-    scheduler = Scheduler(local, lookup)
-    scheduler.events = type("E", (), {"emit": lambda *_a, **_k: None})()  # type: ignore[assignment]
-    for informer in (scheduler.proxies, scheduler.enabled, scheduler.nodes):
-        informer._synced.set()
-    silent, quick = Silent(), Quick()
-    connect(registry, "evil", "mallory", silent)
-    connect(registry, "c2", "good", quick)
-    for namespace in ("mallory", "good"):
-        scheduler.enabled.store.put(namespace, {"metadata": {"name": namespace}})
-    pods = [("mallory", f"m{i}") for i in range(20)] + [("good", f"g{i}") for i in range(5)]
-    for namespace, name in pods:
-        scheduler.proxies.store.put(f"{namespace}/{name}", proxy(name, namespace))
-    tasks = {
-        name: asyncio.create_task(scheduler.reconcile(Request("local", namespace, name)))
-        for namespace, name in pods
-    }
-    await asyncio.sleep(0.5)
-    waiting = [n for n, t in tasks.items() if not t.done()]
-    busy = [n for n, t in tasks.items() if t.done() and t.result().requeue_after == 30.0]
-    assert silent.waiting == scheduler_module.MAX_CREATES_PER_OWNER == len(waiting)
-    assert len(busy) == 20 - scheduler_module.MAX_CREATES_PER_OWNER, "no worker waits"
-    assert [r.name for r in scheduler._waiting["namespace/mallory"]] == busy, "in their order"
-    assert len(quick.created) == 5, "the other namespace's pods were placed meanwhile"
-    assert len(scheduler.controller.queue) == 0
-    tasks[waiting[0]].cancel()  # one create ends: the first pod waiting is asked again at once
-    await asyncio.gather(tasks[waiting[0]], return_exceptions=True)
-    assert len(scheduler.controller.queue) == 1
-    assert [r.name for r in scheduler._waiting["namespace/mallory"]] == busy[1:]
-    for task in tasks.values():
-        task.cancel()
-    await asyncio.gather(*tasks.values(), return_exceptions=True)
-    assert scheduler._creating["namespace/mallory"] == 0, "given back when they end"
-    assert len(scheduler.controller.queue) == 8, "each end asks one waiting pod again"
+def delegate_of(world: World, name: str, ns: str) -> str:
+    return delegate_name(name, uid_of(world.proxy(name, ns)))
 
 
-async def test_a_creation_that_takes_too_long_moves_the_pod_on(monkeypatch):
+async def test_a_silent_target_holds_at_most_so_many_workers_of_its_namespace(
+    make_world: Callable[..., Awaitable[World]],
+) -> None:
+    most = scheduler_module.MAX_CREATES_PER_OWNER
+    # Fewer workers than pods waiting on the silent target: a pod that held a worker while it
+    # waited for its turn would leave none for the other namespace.
+    world = await make_world(namespaces=(EVIL, GOOD), workers=most + 2)
+    target = SilentCluster("evil")
+    silent = target.silent
+    await world.connect("evil", node("evil-1", cpu="100"), ns=EVIL, cluster=target)
+    await world.connect("c2", node("c2-1", cpu="100"), ns=GOOD)
+    world.run_workers()
+    evil = [f"m{i}" for i in range(20)]
+    for name in evil:
+        await world.submit(elected(name, EVIL))
+    for i in range(5):
+        await world.submit(elected(f"g{i}", GOOD))
+    await until(lambda: len(world.delegates("c2", GOOD)) == 5)  # the others are placed meanwhile
+    await until(lambda: len(silent.stalled) == most)
+    await asyncio.sleep(0.05)
+    assert silent.asked == [delegate_of(world, name, EVIL) for name in evil[:most]]
+    assert silent.most == most, "the others wait without asking the target"
+    assert world.delegates("evil", EVIL) == []
+
+    # One create ends: the first pod turned away is asked again at once (not after the
+    # CREATE_TIMEOUT backstop), and takes the slot given back.
+    silent.answer()
+    await until(lambda: len(silent.asked) == most + 1)
+    assert silent.asked[most] == delegate_of(world, evil[most], EVIL), "first come, first served"
+    await until(lambda: len(silent.stalled) == most)
+    assert [p["metadata"]["name"] for p in world.delegates("evil", EVIL)] == [silent.asked[0]]
+
+    # Each end gives its slot back and asks one waiting pod again, in their order.
+    silent.answer(most)
+    await until(lambda: len(silent.asked) == 2 * most + 1)
+    expected = [delegate_of(world, name, EVIL) for name in evil[: 2 * most + 1]]
+    assert silent.asked == expected
+    await until(lambda: len(silent.stalled) == most)
+    await asyncio.sleep(0.05)
+    assert len(silent.asked) == 2 * most + 1
+    assert silent.most == most
+
+
+async def test_a_creation_that_takes_too_long_moves_the_pod_on(
+    make_world: Callable[..., Awaitable[World]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(scheduler_module, "CREATE_TIMEOUT", 0.2)
-    local, _api = make_cluster()
-    registry = TargetRegistry()
-    lookup = DelegateLookup(registry, proxy_informer(local), "me")
-    scheduler = Scheduler(local, lookup)
-    seen: list[str] = []
-    scheduler.events = type("E", (), {"emit": lambda _s, _o, _t, r, m: seen.append(m)})()  # type: ignore[assignment]
-    for informer in (scheduler.proxies, scheduler.enabled, scheduler.nodes):
-        informer._synced.set()
-    connect(registry, "evil", "mallory", Silent())
-    scheduler.enabled.store.put("mallory", {"metadata": {"name": "mallory"}})
-    scheduler.proxies.store.put("mallory/m0", proxy("m0", "mallory"))
-    result = await asyncio.wait_for(scheduler.reconcile(Request("local", "mallory", "m0")), 2)
+    world = await make_world(namespaces=(EVIL,))
+    target = SilentCluster("evil")
+    silent = target.silent
+    await world.connect("evil", node("evil-1"), ns=EVIL, cluster=target)
+    await world.submit(elected("m0", EVIL))
+    result = await asyncio.wait_for(world.reconcile("m0", EVIL), 2)
     assert result is not None
     assert result.requeue
-    assert seen == ["evil: cannot create the delegate: no answer in 0s"]
-    assert "admiralty-namespace-mallory-evil" in scheduler._excluded("uid-mallory-m0")
+    assert silent.stalled == [], "given up"
+    why = "evil: cannot create the delegate: no answer in 0s"
+    await until(lambda: world.local.server.objects(EVENTS, EVIL))
+    events = [(e["reason"], e["message"]) for e in world.local.server.objects(EVENTS, EVIL)]
+    assert events == [("FailedCreateDelegate", why)]
+    await world.reconcile("m0", EVIL)  # the target is excluded for a while
+    assert len(silent.asked) == 1
+    condition = await condition_seen(world, "m0", EVIL)
+    assert condition["message"] == (
+        f"0/1 targets are available: 1 target(s) rejected the delegate. {why}"
+    )

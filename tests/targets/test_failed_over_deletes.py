@@ -8,8 +8,8 @@ import time
 import pytest
 
 from multicluster import Unreachable
-from multicluster_scheduler.scheduler.controller import _delete
 from multicluster_scheduler.targets.registry import TargetConnection
+from multicluster_scheduler.targets.release import delete_delegate
 
 
 class Away:
@@ -35,10 +35,10 @@ DELEGATE = {"metadata": {"name": "p-x", "namespace": "ns", "uid": "u"}}
 
 
 async def test_a_failed_over_target_is_not_waited_for():
-    await _delete(away(failover_after=20, since=30), DELEGATE, "its proxy pod is deleted")
+    await delete_delegate(away(failover_after=20, since=30), DELEGATE, "its proxy pod is deleted")
 
 
 @pytest.mark.parametrize(("failover_after", "since"), [(None, 600), (20, 5)])
 async def test_otherwise_an_unreachable_target_still_holds_it(failover_after, since):
     with pytest.raises(Unreachable):
-        await _delete(away(failover_after, since), DELEGATE, "its proxy pod is deleted")
+        await delete_delegate(away(failover_after, since), DELEGATE, "its proxy pod is deleted")
