@@ -8,6 +8,14 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 PREFIX = f"{GROUP}/"
 
+
+def _owner_labels(kind: str) -> tuple[str, str, str]:
+    """The labels that say which object of ``kind`` an object stands for or was made for: its
+    namespace and name, or the name of its cluster-scoped twin (for ``target``:
+    ``target-namespace``, ``target-name`` and ``cluster-target-name``, prefixed)."""
+    return PREFIX + f"{kind}-namespace", PREFIX + f"{kind}-name", PREFIX + f"cluster-{kind}-name"
+
+
 # Opting in.
 ELECT = PREFIX + "elect"
 NAMESPACE_ENABLED_LABEL = "multicluster-scheduler"
@@ -28,9 +36,7 @@ NO_PREFIX_LABEL_REGEXP = PREFIX + "no-prefix-label-regexp"
 # Virtual nodes.
 PROVIDER_KEY = "virtual-kubelet.io/provider"
 PROVIDER = "admiralty"
-TARGET_NAMESPACE_LABEL = PREFIX + "target-namespace"
-TARGET_NAME_LABEL = PREFIX + "target-name"
-CLUSTER_TARGET_NAME_LABEL = PREFIX + "cluster-target-name"
+TARGET_NAMESPACE_LABEL, TARGET_NAME_LABEL, CLUSTER_TARGET_NAME_LABEL = _owner_labels("target")
 
 # Cross-cluster references and garbage collection.
 PARENT_UID = PREFIX + "parent-uid"
@@ -50,8 +56,6 @@ ORIGINAL_SELECTOR = PREFIX + "original-selector"
 SOURCE_CLUSTER_ROLE = "multicluster-scheduler-source"
 CLUSTER_SUMMARY_VIEWER_CLUSTER_ROLE = "multicluster-scheduler-cluster-summary-viewer"
 # Labels on the service accounts and bindings the source controller makes: whose they are.
-SOURCE_NAMESPACE_LABEL = PREFIX + "source-namespace"
-SOURCE_NAME_LABEL = PREFIX + "source-name"
-CLUSTER_SOURCE_NAME_LABEL = PREFIX + "cluster-source-name"
+SOURCE_NAMESPACE_LABEL, SOURCE_NAME_LABEL, CLUSTER_SOURCE_NAME_LABEL = _owner_labels("source")
 
 CLUSTER_SUMMARY_NAME = "singleton"

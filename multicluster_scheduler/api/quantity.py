@@ -10,29 +10,28 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+BINARY = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
+"""Binary suffixes, largest first: ``Ki`` is 1024, ``Mi`` 1024², … ``Ei`` 1024⁶."""
+DECIMAL = ("E", "P", "T", "G", "M", "k")
+"""Decimal suffixes, largest first: ``k`` is 1000, ``M`` 1000², … ``E`` 1000⁶."""
+
+
+def _powers(suffixes: tuple[str, ...], base: int) -> dict[str, Fraction]:
+    """What each of ``suffixes`` (largest first) multiplies by: a power of ``base``."""
+    return {suffix: Fraction(base) ** (len(suffixes) - i) for i, suffix in enumerate(suffixes)}
+
+
 _SUFFIXES = {
     "": Fraction(1),
     "n": Fraction(1, 10**9),
     "u": Fraction(1, 10**6),
     "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
+    **_powers(DECIMAL, 1000),
+    **_powers(BINARY, 1024),
 }
 _PATTERN = re.compile(
     r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?\d+))?$"
 )
-BINARY = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
-DECIMAL = ("E", "P", "T", "G", "M", "k")
 
 
 class QuantityError(ValueError):

@@ -66,7 +66,10 @@ class Status(Model):
 
 
 class Resource(Model):
-    """Common envelope; subclasses set the kind, scope and CRD details."""
+    """Common envelope of the kinds. A kind names its CRD in its class line, as kubebuilder's
+    resource marker does (``class Source(Resource, plural="sources", short_names=["src"],
+    namespaced=True)``), and says its kind once, as the default of ``kind``; its printer
+    columns, spec rules and top-level fields are class attributes."""
 
     kind_name: ClassVar[str]
     plural: ClassVar[str]
@@ -79,6 +82,17 @@ class Resource(Model):
     apiVersion: str = API_VERSION
     kind: str = ""
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def __init_subclass__(
+        cls, *, plural: str, short_names: list[str], namespaced: bool, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.plural, cls.short_names, cls.namespaced = plural, short_names, namespaced
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.kind_name = cls.model_fields["kind"].default
 
 
 READY_COLUMNS = [
@@ -94,6 +108,15 @@ READY_COLUMNS = [
     },
 ]
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+USER_COLUMN = {"name": "User", "type": "string", "jsonPath": ".spec.userName", "priority": 1}
+SELF_COLUMN = {"name": "Self", "type": "boolean", "jsonPath": ".spec.self"}
+SECRET_COLUMN = {"name": "Secret", "type": "string", "jsonPath": ".spec.kubeconfigSecret.name"}
+FAILOVER_COLUMN = {
+    "name": "Failover",
+    "type": "integer",
+    "jsonPath": ".spec.failoverAfterSeconds",
+    "priority": 1,
+}
 
 
 # -- sources (in target clusters) -------------------------------------------------------------
@@ -110,16 +133,12 @@ class SourceSpec(Model):
     userName: str | None = Field(None, description="User name that the source cluster uses.")
 
 
-class Source(Resource):
+class Source(Resource, plural="sources", short_names=["src"], namespaced=True):
     """A source cluster allowed to schedule pods in this namespace."""
 
-    kind_name = "Source"
-    plural = "sources"
-    short_names = ["src"]
-    namespaced = True
     printer_columns = [
         {"name": "Service Account", "type": "string", "jsonPath": ".spec.serviceAccountName"},
-        {"name": "User", "type": "string", "jsonPath": ".spec.userName", "priority": 1},
+        USER_COLUMN,
         *READY_COLUMNS,
         AGE_COLUMN,
     ]
@@ -145,13 +164,9 @@ class ClusterSourceSpec(Model):
     userName: str | None = Field(None, description="User name that the source cluster uses.")
 
 
-class ClusterSource(Resource):
+class ClusterSource(Resource, plural="clustersources", short_names=["csrc"], namespaced=False):
     """A source cluster allowed to schedule pods in every namespace."""
 
-    kind_name = "ClusterSource"
-    plural = "clustersources"
-    short_names = ["csrc"]
-    namespaced = False
     printer_columns = [
         {"name": "Service Account", "type": "string", "jsonPath": ".spec.serviceAccount.name"},
         {
@@ -159,7 +174,7 @@ class ClusterSource(Resource):
             "type": "string",
             "jsonPath": ".spec.serviceAccount.namespace",
         },
-        {"name": "User", "type": "string", "jsonPath": ".spec.userName", "priority": 1},
+        USER_COLUMN,
         *READY_COLUMNS,
         AGE_COLUMN,
     ]
@@ -234,23 +249,14 @@ class TargetSpec(Model):
     excludedLabelsRegexp: ExcludedLabelsRegexp = None
 
 
-class Target(Resource):
+class Target(Resource, plural="targets", short_names=["tg"], namespaced=True):
     """A cluster that pods of this namespace may be scheduled to."""
 
-    kind_name = "Target"
-    plural = "targets"
-    short_names = ["tg"]
-    namespaced = True
     spec_rules = [SELF_XOR_SECRET]
     printer_columns = [
-        {"name": "Self", "type": "boolean", "jsonPath": ".spec.self"},
-        {"name": "Secret", "type": "string", "jsonPath": ".spec.kubeconfigSecret.name"},
-        {
-            "name": "Failover",
-            "type": "integer",
-            "jsonPath": ".spec.failoverAfterSeconds",
-            "priority": 1,
-        },
+        SELF_COLUMN,
+        SECRET_COLUMN,
+        FAILOVER_COLUMN,
         *READY_COLUMNS,
         AGE_COLUMN,
     ]
@@ -260,53 +266,33 @@ class Target(Resource):
     status: Status | None = None
 
 
-class ClusterTargetSpec(Model):
+class ClusterTargetSpec(TargetSpec):
     """The cluster to schedule to: this one (self: true) or one reached by a kubeconfig."""
 
-    self_: bool | None = Field(
-        None, alias="self", description="Target the local cluster with the agent's own identity."
-    )
     kubeconfigSecret: ClusterKubeconfigSecretReference | None = Field(
         None, description="Kubeconfig Secret to reach the target."
     )
-    failoverAfterSeconds: FailoverAfterSeconds = None
-    excludedLabelsRegexp: ExcludedLabelsRegexp = None
 
 
-class ClusterTarget(Resource):
+class ClusterTarget(Target, plural="clustertargets", short_names=["ctg"], namespaced=False):
     """A cluster that pods of every namespace may be scheduled to."""
 
-    kind_name = "ClusterTarget"
-    plural = "clustertargets"
-    short_names = ["ctg"]
-    namespaced = False
-    spec_rules = [SELF_XOR_SECRET]
     printer_columns = [
-        {"name": "Self", "type": "boolean", "jsonPath": ".spec.self"},
-        {
-            "name": "Secret",
-            "type": "string",
-            "jsonPath": ".spec.kubeconfigSecret.name",
-        },
+        SELF_COLUMN,
+        SECRET_COLUMN,
         {
             "name": "Secret Namespace",
             "type": "string",
             "jsonPath": ".spec.kubeconfigSecret.namespace",
             "priority": 1,
         },
-        {
-            "name": "Failover",
-            "type": "integer",
-            "jsonPath": ".spec.failoverAfterSeconds",
-            "priority": 1,
-        },
+        FAILOVER_COLUMN,
         *READY_COLUMNS,
         AGE_COLUMN,
     ]
 
     kind: str = "ClusterTarget"
     spec: ClusterTargetSpec
-    status: Status | None = None
 
 
 # -- cluster summaries (in every cluster) -----------------------------------------------------
@@ -334,14 +320,10 @@ class NodeGroup(Model):
     )
 
 
-class ClusterSummary(Resource):
+class ClusterSummary(Resource, plural="clustersummaries", short_names=["mcsum"], namespaced=False):
     """What a cluster offers: the totals of its nodes, and its node groups. The singleton is
     named singleton."""
 
-    kind_name = "ClusterSummary"
-    plural = "clustersummaries"
-    short_names = ["mcsum"]
-    namespaced = False
     top_level = ("capacity", "allocatable", "nodeGroups")
     printer_columns = [
         {"name": "CPU", "type": "string", "jsonPath": ".allocatable.cpu"},
