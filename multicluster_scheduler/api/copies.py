@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 
+from multicluster.gc import finalizer_changes
+
 from . import keys
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -149,24 +151,14 @@ def finalizer_patch(
     finalizer or its label, and only where they still have our value: an original the agent
     never marked keeps what its user wrote."""
     meta = obj["metadata"]
-    finalizers = list(meta.get("finalizers") or ())
-    labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     marks = marks or {}
-    patch: dict = {}
+    patch = finalizer_changes(meta, keys.FINALIZER, present, keys.HAS_FINALIZER)
     if present:
-        if keys.FINALIZER not in finalizers:
-            patch["finalizers"] = [*finalizers, keys.FINALIZER]
-        if labels.get(keys.HAS_FINALIZER) != TRUE:
-            patch["labels"] = {keys.HAS_FINALIZER: TRUE}
         wanted = {k: v for k, v in marks.items() if annotations.get(k) != v}
         if wanted:
             patch["annotations"] = wanted
     else:
-        if keys.FINALIZER in finalizers:
-            patch["finalizers"] = [f for f in finalizers if f != keys.FINALIZER]
-        if keys.HAS_FINALIZER in labels:
-            patch["labels"] = {keys.HAS_FINALIZER: None}
         dropped = {k: None for k, v in marks.items() if annotations.get(k) == v}
         if patch and dropped:
             patch["annotations"] = dropped

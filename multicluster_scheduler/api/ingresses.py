@@ -28,7 +28,7 @@ from .copies import (
     metadata_differs,
     update_body,
 )
-from .services import is_global
+from .services import copy_body, is_global
 
 API_VERSION = "networking.k8s.io/v1"
 KIND = "Ingress"
@@ -131,22 +131,11 @@ def desired_copy(ingress: dict, cluster_name: str) -> dict:
     annotations (but the cluster's own, :data:`LOCAL_ANNOTATIONS`) plus parent references,
     ``parent-uid``, ``is-delegate``, ``global`` and :data:`MANAGED_KEYS`, which lists all of
     these keys and every field of the spec. The status is the target's."""
-    meta = ingress["metadata"]
     labels, annotations = copy_metadata(ingress, cluster_name, local_annotations=LOCAL_ANNOTATIONS)
     annotations.update(MARKS)
     spec = _copy.deepcopy(ingress.get("spec") or {})
     annotations[MANAGED_KEYS] = managed_record(labels, annotations, spec)
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": spec,
-    }
+    return copy_body(ingress_reference(ingress), labels, annotations, spec)
 
 
 def _managed(existing: dict) -> Managed:
@@ -162,6 +151,11 @@ def copy_differs(desired: dict, existing: dict) -> bool:
     if metadata_differs(desired, existing, ours):
         return True
     return differs(desired["spec"], existing.get("spec") or {}, ours.spec)
+
+
+def must_recreate(_desired: dict, _existing: dict) -> bool:
+    """An Ingress copy always changes in place."""
+    return False
 
 
 def copy_update(desired: dict, existing: dict) -> dict:

@@ -34,6 +34,9 @@ from .copies import (
 from .proxy import no_prefix_regexp, prefixed_key
 from .regexps import without_matching
 
+# Annotations a global Service carries while it is copied: none (its own `global` says it).
+MARKS: dict[str, str] = {}
+
 HEADLESS = "None"
 # Annotations that a cluster's own controllers write about the Service in that cluster: the
 # original's are not copied (the target's controllers write their own on the copy).
@@ -76,6 +79,25 @@ NODE_PORT_TYPES = ("NodePort", "LoadBalancer")
 def service_reference(service: dict) -> dict:
     """A cached Service (lists carry no kind) as events need it."""
     return {"apiVersion": "v1", "kind": "Service", "metadata": service["metadata"]}
+
+
+def copy_body(
+    reference: dict, labels: dict[str, str], annotations: dict[str, str], spec: dict
+) -> dict:
+    """A copy of the object ``reference`` names (a Service, or an Ingress that follows one):
+    its kind, name and namespace, with the copy's own labels, annotations and spec."""
+    meta = reference["metadata"]
+    return {
+        "apiVersion": reference["apiVersion"],
+        "kind": reference["kind"],
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
 
 
 def is_global(service: dict) -> bool:
@@ -195,23 +217,12 @@ def desired_copy(service: dict, cluster_name: str) -> dict:
     spec (its selector selects the delegates there), its labels and annotations (but the
     cluster's own, :data:`LOCAL_ANNOTATIONS`) plus parent references, ``parent-uid``,
     ``is-delegate`` and :data:`MANAGED_KEYS`, which lists all of these keys."""
-    meta = service["metadata"]
     labels, annotations = copy_metadata(service, cluster_name, local_annotations=LOCAL_ANNOTATIONS)
     spec = portable_spec(service.get("spec") or {})
     annotations[MANAGED_KEYS] = managed_record(
         labels, annotations, (f for f in spec if f not in _TARGET_KEPT)
     )
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": spec,
-    }
+    return copy_body(service_reference(service), labels, annotations, spec)
 
 
 def _managed(existing: dict) -> Managed:

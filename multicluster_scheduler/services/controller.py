@@ -18,29 +18,18 @@ Service is there already); :mod:`.copies` says how copies are kept, and deleted.
 from __future__ import annotations
 
 import logging
+from typing import Unpack
 
-from multicluster import (
-    Cluster,
-    Conflict,
-    Controller,
-    EnqueueMapped,
-    Request,
-    Result,
-    is_deleting,
-)
-from multicluster.events import EventRecorder
-from multicluster.informer import ADDED, MODIFIED, strip_managed_fields
+from multicluster import Cluster, EnqueueMapped, Request, Result, is_deleting
+from multicluster.informer import ADDED, MODIFIED
 from multicluster.resources import PODS, SERVICES
 
+from ..api import services as services_api
 from ..api.copies import is_copy
 from ..api.proxy import PROXY_FIELD_SELECTOR, slim_proxy
 from ..api.services import (
-    copy_differs,
-    copy_update,
-    desired_copy,
     is_external_name,
     is_global,
-    must_recreate,
     no_prefix,
     reroute_patch,
     rerouted_selector,
@@ -48,21 +37,13 @@ from ..api.services import (
     service_reference,
     unprefixed_selector,
 )
-from ..targets.delegates import enabled_namespaces, is_proxy
+from ..targets.delegates import is_proxy
 from ..targets.registry import TargetRegistry
-from .copies import LOOK_AGAIN, CopyKind, TargetCopies
+from .copies import CopyKind
+from .sync import CopySync, SyncOptions
 
 log = logging.getLogger(__name__)
-NEVER_TOUCHED = ("kube-system",)
-SERVICE_COPIES = CopyKind(
-    resource=SERVICES,
-    noun="service",
-    reference=service_reference,
-    desired=desired_copy,
-    differs=copy_differs,
-    update=copy_update,
-    must_recreate=must_recreate,
-)
+SERVICE_COPIES = CopyKind(SERVICES, services_api)
 
 
 def _labels_changed(event: str, pod: dict, old: dict | None) -> bool:
@@ -76,23 +57,22 @@ def _labels_changed(event: str, pod: dict, old: dict | None) -> bool:
     )
 
 
-class ServiceSync:
+class ServiceSync(CopySync):
     def __init__(
-        self,
-        local: Cluster,
-        registry: TargetRegistry,
-        *,
-        cluster_name: str,
-        excluded_namespaces: tuple[str, ...] = (),
-        workers: int = 8,
+        self, local: Cluster, registry: TargetRegistry, **options: Unpack[SyncOptions]
     ) -> None:
-        self.local = local
-        self.excluded = frozenset((*NEVER_TOUCHED, *excluded_namespaces))
-        self.events = EventRecorder(local.client, "admiralty-services")
-        self.controller = Controller("services", self.reconcile, workers=workers)
-        self.services = self.controller.watch(
-            local, SERVICES, transform=strip_managed_fields, predicates=[self._eligible]
+        super().__init__(
+            SERVICE_COPIES,
+            local,
+            registry,
+            to_copy=lambda service: (
+                is_global(service)
+                and not is_external_name(service)
+                and self._eligible("", service, None)
+            ),
+            **options,
         )
+        self.services = self.originals
         # The same informer as the scheduler's and the virtual kubelet's: one watch of proxies.
         self.proxies = self.controller.watch(
             local,
@@ -102,27 +82,8 @@ class ServiceSync:
             predicates=[_labels_changed],
             handler=EnqueueMapped(self._services_selecting),
         )
-        self.enabled = enabled_namespaces(local)
-        self.copies = TargetCopies(
-            SERVICE_COPIES,
-            local,
-            registry,
-            self.controller.queue,
-            cluster_name=cluster_name,
-            originals=self.services,
-            to_copy=lambda service: (
-                is_global(service)
-                and not is_external_name(service)
-                and self._eligible("", service, None)
-            ),
-            events=self.events,
-        )
-        self.enabled.add_handler(self.copies.namespace_changed)
 
     # -- what is looked at --------------------------------------------------------------------
-
-    def _eligible(self, _event: str, service: dict, _old: dict | None) -> bool:
-        return service["metadata"].get("namespace") not in self.excluded and not is_copy(service)
 
     def _services_selecting(self, _cluster: str, pod: dict) -> list[Request]:
         meta = pod["metadata"]
@@ -141,21 +102,7 @@ class ServiceSync:
 
     # -- reconcile ----------------------------------------------------------------------------
 
-    async def reconcile(self, request: Request) -> Result | None:
-        try:
-            return await self._reconcile(request.namespace, request.name)
-        except Conflict:
-            # Our cache was behind the Service: the event that says so brings it back here.
-            return Result(requeue_after=LOOK_AGAIN)
-
-    async def _reconcile(self, namespace: str, name: str) -> Result | None:
-        if namespace in self.excluded:
-            return None
-        if not (self.services.has_synced and self.enabled.has_synced):
-            return Result(requeue_after=LOOK_AGAIN)
-        service = self.services.get(name, namespace)
-        if service is not None and is_copy(service):
-            return None
+    async def _keep_copies(self, namespace: str, name: str, service: dict | None) -> Result | None:
         enabled = self.enabled.get(namespace) is not None
         if service is not None and enabled and not is_deleting(service):
             service = await self._reroute(service)

@@ -32,7 +32,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 from multicluster import (
     AlreadyExists,
@@ -69,23 +69,32 @@ LOOK_AGAIN = 1.0
 RESYNC_PERIOD = 300.0  # every copy in a target is looked at again (from the caches)
 
 
-def _never(_desired: dict, _existing: dict) -> bool:
-    return False
+class CopyRules(Protocol):
+    """The pure rules of one kind of copies: a module of the vocabulary (``..api.services``,
+    ``..api.ingresses``)."""
+
+    @property
+    def MARKS(self) -> Mapping[str, str]:
+        """Annotations the original carries, with the finalizer, while it is copied."""
+
+    def desired_copy(self, original: dict, cluster_name: str) -> dict:
+        """The copy to keep in a target."""
+
+    def copy_differs(self, desired: dict, existing: dict) -> bool:
+        """Whether the copy in a target is out of date."""
+
+    def copy_update(self, desired: dict, existing: dict) -> dict:
+        """The body of the copy's update."""
+
+    def must_recreate(self, desired: dict, existing: dict) -> bool:
+        """What cannot change in place."""
 
 
-@dataclass(frozen=True)
-class CopyKind:
-    """The pure rules of one kind of copies."""
+class CopyKind(NamedTuple):
+    """One kind of copies: the resource and its rules."""
 
     resource: Resource
-    noun: str  # in logs and messages: "service", "ingress"
-    reference: Callable[[dict], dict]  # a cached original as events need it (lists omit kind)
-    desired: Callable[[dict, str], dict]  # (original, this cluster's name) → the copy to keep
-    differs: Callable[[dict, dict], bool]  # (desired, copy) → whether the copy is out of date
-    update: Callable[[dict, dict], dict]  # (desired, copy) → the body of its update
-    must_recreate: Callable[[dict, dict], bool] = _never  # what cannot change in place
-    # Annotations the original carries, with the finalizer, while it is copied.
-    marks: Mapping[str, str] = field(default_factory=dict)
+    rules: CopyRules
 
 
 class Copy(enum.Enum):
@@ -122,6 +131,7 @@ class TargetCopies:
         slots: TargetSlots | None = None,
     ) -> None:
         self.kind = kind
+        self.noun = kind.resource.kind.lower()  # in logs and messages: "service", "ingress"
         self.slots = slots or TargetSlots()
         self.local = local
         self.registry = registry
@@ -204,7 +214,7 @@ class TargetCopies:
         if self.informers.get(connection.node_name) is not None:
             log.info(
                 "%s copies cached, looking at them again target=%s",
-                self.kind.noun,
+                self.noun,
                 connection.node_name,
             )
             self._resync(connection)
@@ -264,7 +274,7 @@ class TargetCopies:
         if errors:
             log.warning(
                 "%s copies not all deleted with their target target=%s error=%s",
-                self.kind.noun,
+                self.noun,
                 connection.node_name,
                 errors[0],
             )
@@ -280,7 +290,7 @@ class TargetCopies:
         since it was cached (its event brings it back)."""
         original = None  # the object to copy, if it is to be copied
         if obj is not None and wanted and not is_deleting(obj):
-            patch = finalizer_patch(obj, present=True, marks=self.kind.marks)
+            patch = finalizer_patch(obj, present=True, marks=self.kind.rules.MARKS)
             original = await self.patch(obj, patch)
             if original is None:
                 return None  # deleted meanwhile: its event brings it back
@@ -300,7 +310,7 @@ class TargetCopies:
             self._warned.pop((namespace, name), None)  # nothing to copy: nothing to warn about
         if original is None and obj is not None and Copy.PENDING not in outcomes:
             # Copies in targets not reachable now are deleted when they are seen again.
-            await self.patch(obj, finalizer_patch(obj, present=False, marks=self.kind.marks))
+            await self.patch(obj, finalizer_patch(obj, present=False, marks=self.kind.rules.MARKS))
         return Result(requeue_after=min(delays)) if delays else None
 
     async def patch(self, obj: dict, patch: dict | None) -> dict | None:
@@ -345,8 +355,10 @@ class TargetCopies:
         """Whether ``copy`` is what ``original`` wants (nothing to ask its target)."""
         if is_deleting(copy):
             return False
-        desired = self.kind.desired(original, self.cluster_name)
-        return not self.kind.must_recreate(desired, copy) and not self.kind.differs(desired, copy)
+        desired = self.kind.rules.desired_copy(original, self.cluster_name)
+        return not self.kind.rules.must_recreate(
+            desired, copy
+        ) and not self.kind.rules.copy_differs(desired, copy)
 
     async def _request_target(
         self,
@@ -357,7 +369,7 @@ class TargetCopies:
         copy: dict | None,
     ) -> Copy:
         """Write or delete (``original`` None) the copy in ``connection``'s target."""
-        noun = self.kind.noun
+        noun = self.noun
         try:
             async with asyncio.timeout(TARGET_TIMEOUT):
                 if original is None:
@@ -396,11 +408,11 @@ class TargetCopies:
             return Copy.FAILED
 
     async def _write(self, connection: TargetConnection, original: dict, copy: dict | None) -> Copy:
-        client = connection.cluster.client  # type: ignore[union-attr]
+        client = connection.client
         resource = self.kind.resource
         meta = original["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        desired = self.kind.desired(original, self.cluster_name)
+        desired = self.kind.rules.desired_copy(original, self.cluster_name)
         if copy is None:
             try:
                 await client.create(resource, desired, namespace)
@@ -414,17 +426,17 @@ class TargetCopies:
                 return self._resolved(connection, namespace, name)
         if is_deleting(copy):
             return Copy.PENDING
-        if self.kind.must_recreate(desired, copy):
+        if self.kind.rules.must_recreate(desired, copy):
             await self._delete(connection, copy)
             return Copy.PENDING  # created again once it is gone
-        if not self.kind.differs(desired, copy):
+        if not self.kind.rules.copy_differs(desired, copy):
             return self._resolved(connection, namespace, name)
         try:
-            await client.update(resource, self.kind.update(desired, copy))
+            await client.update(resource, self.kind.rules.copy_update(desired, copy))
         except Invalid as e:
             log.info(
                 "%s copy replaced namespace=%s name=%s target=%s reason=%r",
-                self.kind.noun,
+                self.noun,
                 namespace,
                 name,
                 connection.node_name,
@@ -443,7 +455,7 @@ class TargetCopies:
         if is_deleting(copy):
             return Copy.ABSENT
         try:
-            await connection.cluster.client.delete(  # type: ignore[union-attr]
+            await connection.client.delete(
                 self.kind.resource,
                 meta["name"],
                 meta["namespace"],
@@ -465,7 +477,7 @@ class TargetCopies:
     ) -> None:
         log.info(
             "%s copy %s namespace=%s name=%s target=%s",
-            self.kind.noun,
+            self.noun,
             action,
             namespace,
             name,
@@ -491,7 +503,7 @@ class TargetCopies:
             "CopyConflict",
             f"{self.kind.resource.kind} {meta['namespace']}/{meta['name']} exists in target "
             f"{connection.name} and is not a copy made by this cluster: it is left as it is, "
-            f"and this {self.kind.noun} is not replicated there",
+            f"and this {self.noun} is not replicated there",
         )
         return Copy.CONFLICT
 
@@ -506,10 +518,17 @@ class TargetCopies:
         warned[connection.node_name] = reason
         log.warning(
             "%s not replicated namespace=%s name=%s target=%s reason=%s",
-            self.kind.noun,
+            self.noun,
             meta["namespace"],
             meta["name"],
             connection.node_name,
             reason,
         )
-        self.events.emit(self.kind.reference(original), "Warning", reason, message)
+        resource = self.kind.resource
+        # A cached original as events need it (lists omit kind).
+        reference = {
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": original["metadata"],
+        }
+        self.events.emit(reference, "Warning", reason, message)

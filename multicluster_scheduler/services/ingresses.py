@@ -22,39 +22,26 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Unpack
 
-from multicluster import Cluster, Conflict, Controller, EnqueueMapped, Request, Result
-from multicluster.events import EventRecorder
+from multicluster import Cluster, EnqueueMapped, Request, Result
 from multicluster.informer import ADDED, DELETED, MODIFIED, strip_managed_fields
 from multicluster.resources import INGRESSES, SERVICES
 
-from ..api.copies import is_copy
+from ..api import ingresses as ingresses_api
 from ..api.ingresses import (
-    MARKS,
     backend_services,
-    copy_differs,
-    copy_update,
-    desired_copy,
     follows,
     ingress_reference,
     refused_annotations,
 )
 from ..api.services import is_global
-from ..targets.delegates import enabled_namespaces
 from ..targets.registry import TargetRegistry
-from .copies import LOOK_AGAIN, CopyKind, TargetCopies
+from .copies import CopyKind
+from .sync import CopySync, SyncOptions
 
-NEVER_TOUCHED = ("kube-system",)
 BACKEND_INDEX = "backend-services"
-INGRESS_COPIES = CopyKind(
-    resource=INGRESSES,
-    noun="ingress",
-    reference=ingress_reference,
-    desired=desired_copy,
-    differs=copy_differs,
-    update=copy_update,
-    marks=MARKS,
-)
+INGRESS_COPIES = CopyKind(INGRESSES, ingresses_api)
 
 
 def by_backend_service(ingress: dict) -> Iterable[str]:
@@ -71,25 +58,18 @@ def global_changed(event: str, service: dict, old: dict | None) -> bool:
     return event == MODIFIED and old is not None and is_global(old) != is_global(service)
 
 
-class IngressSync:
+class IngressSync(CopySync):
     def __init__(
         self,
         local: Cluster,
         registry: TargetRegistry,
         *,
-        cluster_name: str,
-        excluded_namespaces: tuple[str, ...] = (),
         refused: re.Pattern[str] | None = None,
-        workers: int = 8,
+        **options: Unpack[SyncOptions],
     ) -> None:
-        self.local = local
         self.refused = refused
-        self.excluded = frozenset((*NEVER_TOUCHED, *excluded_namespaces))
-        self.events = EventRecorder(local.client, "admiralty-ingresses")
-        self.controller = Controller("ingresses", self.reconcile, workers=workers)
-        self.ingresses = self.controller.watch(
-            local, INGRESSES, transform=strip_managed_fields, predicates=[self._eligible]
-        )
+        super().__init__(INGRESS_COPIES, local, registry, to_copy=self._follows, **options)
+        self.ingresses = self.originals
         self.ingresses.add_indexer(BACKEND_INDEX, by_backend_service)
         # The same informer as the services controller's: one watch of Services.
         self.services = self.controller.watch(
@@ -99,23 +79,8 @@ class IngressSync:
             predicates=[global_changed],
             handler=EnqueueMapped(self._ingresses_naming),
         )
-        self.enabled = enabled_namespaces(local)
-        self.copies = TargetCopies(
-            INGRESS_COPIES,
-            local,
-            registry,
-            self.controller.queue,
-            cluster_name=cluster_name,
-            originals=self.ingresses,
-            to_copy=self._follows,
-            events=self.events,
-        )
-        self.enabled.add_handler(self.copies.namespace_changed)
 
     # -- what is looked at --------------------------------------------------------------------
-
-    def _eligible(self, _event: str, ingress: dict, _old: dict | None) -> bool:
-        return ingress["metadata"].get("namespace") not in self.excluded and not is_copy(ingress)
 
     def _routes_to_global(self, ingress: dict) -> bool:
         namespace = ingress["metadata"]["namespace"]
@@ -156,22 +121,10 @@ class IngressSync:
 
     # -- reconcile ----------------------------------------------------------------------------
 
-    async def reconcile(self, request: Request) -> Result | None:
-        try:
-            return await self._reconcile(request.namespace, request.name)
-        except Conflict:
-            # Our cache was behind the Ingress: the event that says so brings it back here.
-            return Result(requeue_after=LOOK_AGAIN)
+    def _synced(self) -> bool:
+        return super()._synced() and self.services.has_synced
 
-    async def _reconcile(self, namespace: str, name: str) -> Result | None:
-        if namespace in self.excluded:
-            return None
-        synced = self.ingresses.has_synced and self.services.has_synced
-        if not (synced and self.enabled.has_synced):
-            return Result(requeue_after=LOOK_AGAIN)
-        ingress = self.ingresses.get(name, namespace)
-        if ingress is not None and is_copy(ingress):
-            return None
+    async def _keep_copies(self, namespace: str, name: str, ingress: dict | None) -> Result | None:
         routes = (
             ingress is not None
             and self.enabled.get(namespace) is not None
