@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from multicluster import (
     AlreadyExists,
@@ -38,7 +39,7 @@ from multicluster import (
     Result,
 )
 from multicluster.events import EventRecorder
-from multicluster.gc import has_finalizer, is_deleting
+from multicluster.gc import add_finalizer, has_finalizer, is_deleting, remove_finalizer
 from multicluster.informer import DELETED, MODIFIED
 from multicluster.kubetime import parse_time
 from multicluster.resources import CONFIGMAPS, SECRETS, Resource
@@ -79,6 +80,37 @@ def _age(obj: dict) -> float:
     if then is None:
         return GRACE
     return time.time() - then.timestamp()
+
+
+@dataclass
+class _Plan:
+    """One reconcile of a source object: what it read (the source, None once gone; the time),
+    and what it decided target by target: the copies to write or delete, how many copies of
+    ours stay as they are, and when to look again (None: no need)."""
+
+    namespace: str
+    name: str
+    source: dict | None
+    now: float
+    actions: list[tuple[TargetConnection, str, dict | None]] = field(default_factory=list)
+    remaining: int = 0
+    requeue: float | None = None
+
+    @property
+    def gone(self) -> bool:
+        return self.source is None or is_deleting(self.source)
+
+    def key(self, connection: TargetConnection) -> Key:
+        return (connection.node_name, self.namespace, self.name)
+
+    def keep(self, *, look_again: float | None = None) -> None:
+        """A copy of ours stays for now (looked at again within ``look_again`` seconds)."""
+        self.remaining += 1
+        if look_again is not None:
+            self.later(look_again)
+
+    def later(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
 
 
 class Follower:
@@ -275,93 +307,98 @@ class Follower:
 
     # -- reconcile ----------------------------------------------------------------------------
 
-    async def __call__(self, request: Request) -> Result | None:
+    async def reconcile(self, request: Request) -> Result | None:
         namespace, name = request.namespace, request.name
-        source = self.sources.get(name, namespace)
-        gone = source is None or is_deleting(source)
-        now = time.monotonic()
-        plans: list[tuple[TargetConnection, str, dict | None]] = []
-        remaining = 0
-        requeue: float | None = None
-
-        def later(seconds: float) -> None:
-            nonlocal requeue
-            requeue = seconds if requeue is None else min(requeue, seconds)
-
+        plan = _Plan(namespace, name, self.sources.get(name, namespace), time.monotonic())
         for connection in self._targets(namespace):
-            node = connection.node_name
-            key = (node, namespace, name)
-            copies = self.copies.get(node)
-            if copies is None or not copies.has_synced or copies.last_error is not None:
-                continue  # not known now; its copies are looked at again when it is
-            copy = copies.get(name, namespace)
-            ours = copy is not None and is_copy_of(copy, namespace, name, self.cluster_name)
-            if copy is None and key in self._written:
-                remaining += 1  # just written, not cached yet: wait for the cache
-                later(1.0)
-                continue
-            if not connection.delegates_synced:
-                if ours:
-                    remaining += 1  # who uses it is not known yet
-                    later(NOT_CACHED_RETRY)
-                continue
-            needed = not gone and self._uses(connection, namespace, name)
-            if needed:
-                assert source is not None
-                if not is_followed(source):
-                    self._warn(key, source, connection, "NotCopied")
-                    continue
-                if ours and copy is not None and copy["hash"] == source["hash"]:
-                    remaining += 1
-                    continue
-                if copy is not None and not ours:
-                    self._warn(key, source, connection, "CopyConflict")
-                    continue
-                if self._foreign.get(key, 0.0) > now:
-                    later(self._foreign[key] - now + 0.1)
-                    continue
-                plans.append((connection, "write", copy))
-            elif ours:
-                written = self._written.get(key)
-                young = written is not None and now - written[1] < GRACE
-                if not gone and (young or (copy is not None and _age(copy) < GRACE)):
-                    remaining += 1
-                    later(GRACE / 2)
-                    continue
-                plans.append((connection, "delete", copy))
+            self._plan_target(plan, connection)
+        busy = await self._carry_out(plan)
+        await self._settle_finalizer(plan)
+        if busy:
+            return Result(requeue=True)  # with backoff, holding no worker meanwhile
+        if plan.requeue is None and plan.remaining:
+            plan.requeue = RESYNC_EVERY
+        return Result(requeue_after=plan.requeue) if plan.requeue else None
 
+    def _plan_target(self, plan: _Plan, connection: TargetConnection) -> None:
+        """What to do with the copy in ``connection``'s cluster: nothing while its copies, or
+        the delegates that use them, are not known."""
+        copies = self.copies.get(connection.node_name)
+        if copies is None or not copies.has_synced or copies.last_error is not None:
+            return  # not known now; its copies are looked at again when it is
+        copy = copies.get(plan.name, plan.namespace)
+        ours = copy is not None and is_copy_of(copy, plan.namespace, plan.name, self.cluster_name)
+        if copy is None and plan.key(connection) in self._written:
+            plan.keep(look_again=1.0)  # just written, not cached yet: wait for the cache
+        elif not connection.delegates_synced:
+            if ours:
+                plan.keep(look_again=NOT_CACHED_RETRY)  # who uses it is not known yet
+        elif not plan.gone and self._uses(connection, plan.namespace, plan.name):
+            self._plan_write(plan, connection, copy, ours)
+        elif ours:
+            self._plan_delete(plan, connection, copy)
+
+    def _plan_write(
+        self, plan: _Plan, connection: TargetConnection, copy: dict | None, ours: bool
+    ) -> None:
+        """A delegate there uses the source: its copy is written, unless it is up to date or
+        may not be (a token secret, someone else's object of that name)."""
+        source = plan.source
+        assert source is not None
+        key = plan.key(connection)
+        if not is_followed(source):
+            self._warn(key, source, connection, "NotCopied")
+        elif ours and copy is not None and copy["hash"] == source["hash"]:
+            plan.keep()
+        elif copy is not None and not ours:
+            self._warn(key, source, connection, "CopyConflict")
+        elif self._foreign.get(key, 0.0) > plan.now:
+            plan.later(self._foreign[key] - plan.now + 0.1)
+        else:
+            plan.actions.append((connection, "write", copy))
+
+    def _plan_delete(self, plan: _Plan, connection: TargetConnection, copy: dict | None) -> None:
+        """No delegate there uses our copy: it is deleted, unless it is young (written, or
+        created, less than ``GRACE`` ago: its delegate may be on its way)."""
+        written = self._written.get(plan.key(connection))
+        young = written is not None and plan.now - written[1] < GRACE
+        if not plan.gone and (young or (copy is not None and _age(copy) < GRACE)):
+            plan.keep(look_again=GRACE / 2)
+        else:
+            plan.actions.append((connection, "delete", copy))
+
+    async def _carry_out(self, plan: _Plan) -> int:
+        """Write and delete the copies planned; how many targets had no slot free. Raises with
+        the message of every one that failed."""
         full: dict | None = None
-        if any(action == "write" for _, action, _ in plans):
-            full = await self._source_with_finalizer(namespace, name)
+        if any(action == "write" for _, action, _ in plan.actions):
+            full = await self._source_with_finalizer(plan.namespace, plan.name)
             if full is None or is_deleting(full):
-                plans = [p for p in plans if p[1] != "write"]
+                plan.actions = [p for p in plan.actions if p[1] != "write"]
         results = await asyncio.gather(
-            *(self._act(c, action, copy, full, now) for c, action, copy in plans)
+            *(self._act(c, action, copy, full, plan.now) for c, action, copy in plan.actions)
         )
         failures = [f for f in results if isinstance(f, str)]
         busy = sum(1 for r in results if r is None)
-        remaining += busy + sum(1 for r in results if r is True)
+        plan.remaining += busy + sum(1 for r in results if r is True)
         if failures:
-            raise RuntimeError(f"{self.kind} {namespace}/{name}: " + "; ".join(failures))
-        if source is not None and has_finalizer(source, keys.FINALIZER) and remaining == 0:
+            raise RuntimeError(f"{self.kind} {plan.namespace}/{plan.name}: " + "; ".join(failures))
+        return busy
+
+    async def _settle_finalizer(self, plan: _Plan) -> None:
+        """Our finalizer on the source while copies of ours remain, and off once none does."""
+        source, namespace, name = plan.source, plan.namespace, plan.name
+        if source is None:
+            return
+        if has_finalizer(source, keys.FINALIZER) and plan.remaining == 0:
             # Unless a copy was written meanwhile (for a delegate on its way).
             if not any(
-                (w := self._written.get((c.node_name, namespace, name))) and w[1] >= now
+                (w := self._written.get((c.node_name, namespace, name))) and w[1] >= plan.now
                 for c in self._targets(namespace)
             ):
                 await self._remove_finalizer(namespace, name)
-        elif (
-            source is not None
-            and not gone
-            and remaining
-            and not has_finalizer(source, keys.FINALIZER)
-        ):
+        elif not plan.gone and plan.remaining and not has_finalizer(source, keys.FINALIZER):
             await self._source_with_finalizer(namespace, name)  # copies exist: hold the source
-        if busy:
-            return Result(requeue=True)  # with backoff, holding no worker meanwhile
-        if requeue is None and remaining:
-            requeue = RESYNC_EVERY
-        return Result(requeue_after=requeue) if requeue else None
 
     async def _act(
         self,
@@ -404,34 +441,19 @@ class Follower:
             return None
         if is_deleting(source) or has_finalizer(source, keys.FINALIZER):
             return source
-        meta = source["metadata"]
-        patch = {
-            "metadata": {
-                "finalizers": [*(meta.get("finalizers") or ()), keys.FINALIZER],
-                "labels": {keys.HAS_FINALIZER: "true"},
-                "resourceVersion": meta["resourceVersion"],
-            }
-        }
-        return await self.local.client.patch(self.resource, name, patch, namespace)
+        return await add_finalizer(
+            self.local.client, self.resource, source, keys.FINALIZER, label=keys.HAS_FINALIZER
+        )
 
     async def _remove_finalizer(self, namespace: str, name: str) -> None:
         try:
             source = await self.local.client.get(self.resource, name, namespace)
         except NotFound:
             return
-        meta = source["metadata"]
-        if keys.FINALIZER not in (meta.get("finalizers") or ()):
-            return
-        patch: dict = {
-            "metadata": {
-                "finalizers": [f for f in meta["finalizers"] if f != keys.FINALIZER],
-                "resourceVersion": meta["resourceVersion"],
-            }
-        }
-        if (meta.get("labels") or {}).get(keys.HAS_FINALIZER):
-            patch["metadata"]["labels"] = {keys.HAS_FINALIZER: None}
-        with contextlib.suppress(NotFound):
-            await self.local.client.patch(self.resource, name, patch, namespace)
+        if has_finalizer(source, keys.FINALIZER):
+            await remove_finalizer(
+                self.local.client, self.resource, source, keys.FINALIZER, label=keys.HAS_FINALIZER
+            )
 
     async def _write(self, connection: TargetConnection, source: dict, copy: dict | None) -> bool:
         """Create or update the copy in ``connection``'s cluster; False if not ours to write."""

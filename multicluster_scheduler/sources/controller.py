@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
 from multicluster import (
     AlreadyExists,
@@ -45,6 +45,7 @@ from multicluster import (
 )
 from multicluster.errors import BadRequest
 from multicluster.events import EventRecorder
+from multicluster.gc import add_finalizer, remove_finalizer
 from multicluster.resources import CLUSTER_ROLE_BINDINGS, ROLE_BINDINGS, SERVICEACCOUNTS
 
 from ..api import keys
@@ -65,7 +66,6 @@ from .desired import (
     orphaned_by,
     owner_key,
     ready_condition,
-    release_patch,
     resource_of,
     service_account_key,
     service_account_of,
@@ -250,19 +250,10 @@ class SourcesReconciler:
 
     async def _ensure_finalizer(self, source: dict) -> dict:
         """Before a Source's ClusterRoleBinding exists, the finalizer that will delete it."""
-        meta = source["metadata"]
-        finalizers = meta.get("finalizers") or []
-        if keys.FINALIZER in finalizers and (meta.get("labels") or {}).get(keys.HAS_FINALIZER):
-            return source
-        patch = {
-            "metadata": {
-                "finalizers": [*(f for f in finalizers if f != keys.FINALIZER), keys.FINALIZER],
-                "labels": {keys.HAS_FINALIZER: "true"},
-                "resourceVersion": meta["resourceVersion"],
-            }
-        }
         with explained("add its finalizer to the Source"):
-            updated = await self.client.patch(SOURCES, meta["name"], patch, meta["namespace"])
+            updated = await add_finalizer(
+                self.client, SOURCES, source, keys.FINALIZER, label=keys.HAS_FINALIZER
+            )
         return {**source, **updated}
 
     async def _release(self, source: dict) -> None:
@@ -280,8 +271,9 @@ class SourcesReconciler:
                 continue
             if is_ours(binding, source) and await self._delete(CLUSTER_ROLE_BINDINGS, binding):
                 log.info("deleted ClusterRoleBinding %s for source=%s", name, source_key(source))
-        with suppress(NotFound):
-            await self.client.patch(SOURCES, meta["name"], release_patch(source), meta["namespace"])
+        await remove_finalizer(
+            self.client, SOURCES, source, keys.FINALIZER, label=keys.HAS_FINALIZER
+        )
 
     async def _delete(self, resource: Resource, obj: dict) -> bool:
         """Delete this very object (uid precondition); False if it is gone or was replaced."""
@@ -508,9 +500,9 @@ class FinalizerCleanup:
                 continue
             log.info("deleted ClusterRoleBinding %s for source=%s", name, source_key(source))
         try:
-            await self.client.patch(SOURCES, meta["name"], release_patch(source), meta["namespace"])
-        except NotFound:
-            return None
+            await remove_finalizer(
+                self.client, SOURCES, source, keys.FINALIZER, label=keys.HAS_FINALIZER
+            )
         except Conflict:
             return Result(requeue=True)
         log.info("removed the finalizer of source=%s (source controller off)", source_key(source))

@@ -401,19 +401,6 @@ def binding_patch(existing: dict, desired: Binding) -> dict:
     return patch
 
 
-def release_patch(source: dict) -> dict:
-    """Merge patch that removes our finalizer (and the label that finds it) from a Source
-    whose cluster-scoped bindings are gone; conditional on resourceVersion."""
-    meta = source["metadata"]
-    return {
-        "metadata": {
-            "finalizers": [f for f in meta.get("finalizers") or () if f != keys.FINALIZER],
-            "labels": {keys.HAS_FINALIZER: None},
-            "resourceVersion": meta["resourceVersion"],
-        }
-    }
-
-
 def condition_changed(old: dict | None, new: dict) -> bool:
     return old is None or any(
         old.get(k) != new[k] for k in ("status", "reason", "message", "observedGeneration")

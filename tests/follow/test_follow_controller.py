@@ -183,7 +183,7 @@ class World:
         copies.store.put(f"{NS}/{source['metadata']['name']}", slim_followed(body))
 
     async def reconcile(self, name: str = "settings"):
-        return await self.maps(self.maps._request(NS, name))
+        return await self.maps.reconcile(self.maps._request(NS, name))
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from multicluster import Forbidden, Invalid, NotFound
+from multicluster.gc import finalizer_patch
 from multicluster.resources import CLUSTER_ROLE_BINDINGS, ROLE_BINDINGS
 from multicluster_scheduler import agent
 from multicluster_scheduler.api import keys
@@ -33,7 +34,6 @@ from multicluster_scheduler.sources.desired import (
     owner_key,
     owner_labels,
     ready_condition,
-    release_patch,
     same_subjects,
     share_patch,
     source_key,
@@ -178,7 +178,7 @@ def test_releasing_a_source_removes_only_our_finalizer_and_its_label():
         finalizers=["example.com/other", keys.FINALIZER],
         labels={keys.HAS_FINALIZER: "true", "app": "x"},
     )
-    assert release_patch(releasing) == {
+    assert finalizer_patch(releasing, keys.FINALIZER, False, keys.HAS_FINALIZER) == {
         "metadata": {
             "finalizers": ["example.com/other"],
             "labels": {keys.HAS_FINALIZER: None},
