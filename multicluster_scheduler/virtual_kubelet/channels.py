@@ -48,6 +48,7 @@ TRUE = ("1", "true", "True")
 SPDY_PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io")
 STREAM_WAIT = 30.0  # how long the client has to open its streams, as a kubelet gives it
 MAX_RESIZE = 4096  # bytes of one terminal size on the SPDY resize stream
+_STREAM_OF_CHANNEL = {1: "stdout", 2: "stderr", ERROR_CHANNEL: "error"}  # the target's, to SPDY
 
 
 def status_frame(protocol: str, message: str, reason: str, code: int) -> bytes | str:
@@ -131,11 +132,7 @@ async def relay(
         await asyncio.wait((down, up), return_when=asyncio.FIRST_COMPLETED)
     finally:
         target_ended = down.done() and not up.done()
-        for task in (down, up):
-            task.cancel()
-        for task in (down, up):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _cancel(down, up)
         await upstream.close()
         abnormal = upstream.close_code not in (None, aiohttp.WSCloseCode.OK)
         if target_ended and not said and (protocol.startswith(("v4.", "v5.")) or abnormal):
@@ -161,6 +158,14 @@ async def bridge(
 ) -> None:
     """The client's SPDY streams to the target's WebSocket channels and back, until either
     side ends."""
+    bridged = _Bridge(session, upstream, expected_streams(query, tty))
+    if await bridged.opened():
+        await bridged.relay(protocol, target)
+
+
+def expected_streams(query: Any, tty: bool) -> set[str]:
+    """The SPDY streams a kubelet's /exec or /attach query has the client open: the error
+    stream always, stdin, stdout and stderr as asked (a terminal has no stderr of its own)."""
     expected = {"error"}
     if query.get("input") in TRUE:
         expected.add("stdin")
@@ -168,79 +173,109 @@ async def bridge(
         expected.add("stdout")
     if query.get("error") in TRUE and not tty:
         expected.add("stderr")
-    streams: dict[str, spdy.Stream] = {}
-    arrived = asyncio.Event()
+    return expected
 
-    def on_stream(stream: spdy.Stream) -> None:
-        streams[stream.kind] = stream
-        if expected <= streams.keys():
-            arrived.set()
+
+class _Bridge:
+    """One :func:`bridge`: the client's streams as they open, the pumps of those the client
+    writes to (stdin, resize), and whether the target has sent the command's status."""
+
+    def __init__(
+        self,
+        session: spdy.Session,
+        upstream: aiohttp.ClientWebSocketResponse,
+        expected: set[str],
+    ) -> None:
+        self.session = session
+        self.upstream = upstream
+        self.expected = expected
+        self.streams: dict[str, spdy.Stream] = {}
+        self.arrived = asyncio.Event()
+        self.pumps: list[asyncio.Task] = []
+        self.said = False  # the target sent the command's status
+
+    async def opened(self) -> bool:
+        """Whether the client opened every expected stream within :data:`STREAM_WAIT`."""
+        self.session.on_stream = self._on_stream
+        self.session.start()
+        for stream in list(self.session.streams.values()):
+            self._on_stream(stream)
+        try:
+            async with asyncio.timeout(STREAM_WAIT):
+                await self.arrived.wait()
+        except TimeoutError:
+            log.info(
+                "SPDY client opened %s of %s streams in time",
+                sorted(self.streams),
+                sorted(self.expected),
+            )
+            return False
+        return True
+
+    def _on_stream(self, stream: spdy.Stream) -> None:
+        self.streams[stream.kind] = stream
+        if self.expected <= self.streams.keys():
+            self.arrived.set()
         if stream.kind in ("stdin", "resize"):
-            pumps.append(asyncio.create_task(client_to_target(stream)))
+            self.pumps.append(asyncio.create_task(_client_to_target(stream, self.upstream)))
 
-    async def client_to_target(stream: spdy.Stream) -> None:
-        channel = 0 if stream.kind == "stdin" else 4
-        pending = b""
-        async for chunk in stream.chunks():
-            if channel == 0:
-                await upstream.send_bytes(b"\x00" + chunk)
-                continue
-            # resize: one JSON object per line ({"Width":80,"Height":24}); a line that never
-            # ends is not a terminal size, and is not kept either.
-            *sizes, pending = (pending + chunk).split(b"\n")
-            if len(pending) > MAX_RESIZE:
-                log.info("SPDY resize stream closed: a line over %d bytes", MAX_RESIZE)
-                return
-            for size in sizes:
-                if size.strip():
-                    await upstream.send_bytes(b"\x04" + size.strip())
-        if channel == 0 and upstream.protocol == "v5.channel.k8s.io":
-            await upstream.send_bytes(b"\xff\x00")  # stdin ended
+    async def relay(self, protocol: str, target: str) -> None:
+        """The target's channels to the client's streams until either side ends. A target that
+        ends without the command's status lost its connection: the error stream says so."""
+        down = asyncio.create_task(self._target_to_client())
+        gone = asyncio.create_task(self.session.closed.wait())
+        try:
+            await asyncio.wait((down, gone), return_when=asyncio.FIRST_COMPLETED)
+            abnormal = self.upstream.close_code not in (None, aiohttp.WSCloseCode.OK)
+            ended = down.done() and not self.session.closed.is_set()
+            if ended and not self.said and (protocol == "v4.channel.k8s.io" or abnormal):
+                frame = status_frame(protocol, lost(target), "InternalError", 500)
+                assert isinstance(frame, bytes)
+                await self.streams["error"].write(frame[1:])
+        finally:
+            await _cancel(down, gone, *self.pumps)
 
-    pumps: list[asyncio.Task] = []
-    session.on_stream = on_stream
-    session.start()
-    for stream in list(session.streams.values()):
-        on_stream(stream)
-    try:
-        async with asyncio.timeout(STREAM_WAIT):
-            await arrived.wait()
-    except TimeoutError:
-        log.info("SPDY client opened %s of %s streams in time", sorted(streams), sorted(expected))
-        return
-    channels = {1: "stdout", 2: "stderr", 3: "error"}
-
-    said = False  # the target sent the command's status
-
-    async def target_to_client() -> None:
-        nonlocal said
-        async for message in upstream:
+    async def _target_to_client(self) -> None:
+        async for message in self.upstream:
             if message.type != aiohttp.WSMsgType.BINARY or not message.data:
                 continue
             data: bytes = message.data
             if data[0] == 255 and len(data) > 1:  # v5: the target closed a channel
-                stream = streams.get(channels.get(data[1], ""))
+                stream = self.streams.get(_STREAM_OF_CHANNEL.get(data[1], ""))
                 if stream is not None:
                     await stream.close()
                 continue
-            stream = streams.get(channels.get(data[0], ""))
-            said = said or data[0] == 3
+            stream = self.streams.get(_STREAM_OF_CHANNEL.get(data[0], ""))
+            self.said = self.said or data[0] == ERROR_CHANNEL
             if stream is not None and len(data) > 1:
                 await stream.write(data[1:])
 
-    down = asyncio.create_task(target_to_client())
-    gone = asyncio.create_task(session.closed.wait())
-    try:
-        await asyncio.wait((down, gone), return_when=asyncio.FIRST_COMPLETED)
-        abnormal = upstream.close_code not in (None, aiohttp.WSCloseCode.OK)
-        ended = down.done() and not session.closed.is_set()
-        if ended and not said and (protocol == "v4.channel.k8s.io" or abnormal):
-            frame = status_frame(protocol, lost(target), "InternalError", 500)
-            assert isinstance(frame, bytes)
-            await streams["error"].write(frame[1:])
-    finally:
-        for task in (down, gone, *pumps):
-            task.cancel()
-        for task in (down, gone, *pumps):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+
+async def _client_to_target(stream: spdy.Stream, upstream: aiohttp.ClientWebSocketResponse) -> None:
+    """What the client writes on its stdin or resize stream, to the target's channel 0 or 4."""
+    channel = 0 if stream.kind == "stdin" else 4
+    pending = b""
+    async for chunk in stream.chunks():
+        if channel == 0:
+            await upstream.send_bytes(b"\x00" + chunk)
+            continue
+        # resize: one JSON object per line ({"Width":80,"Height":24}); a line that never
+        # ends is not a terminal size, and is not kept either.
+        *sizes, pending = (pending + chunk).split(b"\n")
+        if len(pending) > MAX_RESIZE:
+            log.info("SPDY resize stream closed: a line over %d bytes", MAX_RESIZE)
+            return
+        for size in sizes:
+            if size.strip():
+                await upstream.send_bytes(b"\x04" + size.strip())
+    if channel == 0 and upstream.protocol == "v5.channel.k8s.io":
+        await upstream.send_bytes(b"\xff\x00")  # stdin ended
+
+
+async def _cancel(*tasks: asyncio.Task) -> None:
+    """Cancel ``tasks`` and wait until they have ended, whatever they raise."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
