@@ -20,7 +20,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+)
 
 from multicluster import (
     ApiError,
@@ -150,14 +159,13 @@ class AgentSettings(BaseModel):
         8080, ge=0, le=65535, description="port of /healthz, /readyz, /metrics"
     )
     log_level: str = Field("info", description="debug, info, warning or error")
-    leader_election_lease_duration: float = Field(15.0, gt=0, description="lease duration")
-    leader_election_renew_deadline: float = Field(
-        10.0, gt=0, description="a leader that cannot renew this long stops leading"
+    leader_election_lease_duration: PositiveFloat = Field(15.0, description="lease duration")
+    leader_election_renew_deadline: PositiveFloat = Field(
+        10.0, description="a leader that cannot renew this long stops leading"
     )
-    leader_election_retry_period: float = Field(2.0, gt=0, description="between lease attempts")
-    shutdown_delay: float = Field(
+    leader_election_retry_period: PositiveFloat = Field(2.0, description="between lease attempts")
+    shutdown_delay: NonNegativeFloat = Field(
         0.0,
-        ge=0,
         description="after SIGTERM, how long the webhook keeps answering while the lease is "
         "already released (behind a Service: until API servers see the replica gone)",
     )
@@ -173,12 +181,11 @@ class AgentSettings(BaseModel):
         None,
         description="this cluster's name on delegates it creates (default: kube-system's uid)",
     )
-    client_qps: float = Field(200.0, gt=0, description="API requests per second, per cluster")
-    client_burst: int = Field(400, ge=1, description="API requests at once, per cluster")
-    scheduler_workers: int = Field(64, ge=1, description="proxy pods placed concurrently")
-    delegate_timeout: float = Field(
+    client_qps: PositiveFloat = Field(200.0, description="API requests per second, per cluster")
+    client_burst: PositiveInt = Field(400, description="API requests at once, per cluster")
+    scheduler_workers: PositiveInt = Field(64, description="proxy pods placed concurrently")
+    delegate_timeout: PositiveFloat = Field(
         30.0,
-        gt=0,
         description="time a target's scheduler has to place a delegate before another target "
         "is tried",
     )
@@ -192,21 +199,18 @@ class AgentSettings(BaseModel):
         description="regular expression: an Ingress with an annotation whose key it matches is "
         "not copied to targets (raw configuration of their ingress controllers); empty: none",
     )
-    max_targets_per_namespace: int = Field(
+    max_targets_per_namespace: NonNegativeInt = Field(
         DEFAULT_MAX_PER_NAMESPACE,
-        ge=0,
         description="Targets of one namespace connected, oldest first (each becomes a Node and "
         "a Lease); the others are TooManyTargets. ClusterTargets do not count",
     )
-    target_cache_mib: int = Field(
+    target_cache_mib: PositiveInt = Field(
         DEFAULT_CACHE_PER_NAMESPACE // MIB,
-        ge=1,
         description="MiB of objects (their JSON) that the caches of one namespace's Targets "
         "hold together; beyond it they are CacheFull",
     )
-    cluster_target_cache_mib: int = Field(
+    cluster_target_cache_mib: PositiveInt = Field(
         DEFAULT_CACHE_PER_CLUSTER_TARGET // MIB,
-        ge=1,
         description="MiB of objects (their JSON) that the caches of one ClusterTarget hold; "
         "beyond it it is CacheFull",
     )
@@ -469,7 +473,7 @@ async def add_webhook(
         await certificates.load_ca()
         certificates.issue()
         cert_file, key_file = certificates.cert_file, certificates.key_file
-        ca_bundle = Controller("webhook-ca-bundle", certificates.reconcile_ca_bundle, workers=1)
+        ca_bundle = Controller("webhook-ca-bundle", certificates, workers=1)
         ca_bundle.watch(cluster, MUTATING_WEBHOOKS, field_selector=f"metadata.name={settings.name}")
         manager.add_controller(ca_bundle)
         manager.add_runnable(certificates.renew_forever, needs_leader=False)

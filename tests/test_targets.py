@@ -202,7 +202,7 @@ def test_cache_limits_are_agent_flags_and_chart_values(monkeypatch):
     defaults = parse()
     assert (defaults.target_cache_mib, defaults.cluster_target_cache_mib) == (32, 256)
     assert parse("--target-cache-mib", "8").target_cache_mib == 8
-    with pytest.raises(ValueError, match="greater than or equal to 1"):
+    with pytest.raises(ValueError, match="greater than 0"):
         parse("--cluster-target-cache-mib", "0")
     chart = Path(__file__).parents[1] / "charts" / "multicluster-scheduler"
     values = yaml.safe_load((chart / "values.yaml").read_text())["targets"]

@@ -160,7 +160,7 @@ class SourceHeartbeat:
             return
         try:
             async with asyncio.timeout(RENEW_TIMEOUT):
-                found, _ = await connection.cluster.client.list(  # type: ignore[union-attr]
+                found, _ = await connection.client.list(
                     LEASES, field_selector=f"metadata.name={heartbeat_name(self.cluster_name)}"
                 )
         except Forbidden:
@@ -189,7 +189,7 @@ class SourceHeartbeat:
             return  # its Target went meanwhile
         renew, expired = self.plan(connection, time.monotonic())
         at_once = asyncio.Semaphore(CONCURRENCY)
-        client = connection.cluster.client  # type: ignore[union-attr]
+        client = connection.client
         name = heartbeat_name(self.cluster_name)
 
         async def renew_one(namespace: str) -> None:
@@ -246,7 +246,7 @@ class SourceHeartbeat:
             )
 
     async def _renew(self, connection: TargetConnection, namespace: str) -> None:
-        client = connection.cluster.client  # type: ignore[union-attr]
+        client = connection.client
         now = _micro_now()
         name = heartbeat_name(self.cluster_name)
         try:

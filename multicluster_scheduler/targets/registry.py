@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from multicluster import Cluster, Informer
+from multicluster import Client, Cluster, Informer, Unreachable
 from multicluster.resources import PODS
 
 from ..api import keys
@@ -82,6 +82,14 @@ class TargetConnection:
             return None
         away = (time.monotonic() if now is None else now) - self.not_ready_since
         return max(0.0, self.failover_after - away)
+
+    @property
+    def client(self) -> Client:
+        """The target's client. A connection that is not (or no longer) connected has none: it
+        is unreachable, which is how callers already treat a target that does not answer."""
+        if self.cluster is None:
+            raise Unreachable(f"target {self.name}: not connected")
+        return self.cluster.client
 
     @property
     def node_name(self) -> str:

@@ -82,8 +82,7 @@ class Located:
 
     @property
     def client(self) -> Client:
-        assert self.connection.cluster is not None
-        return self.connection.cluster.client
+        return self.connection.client
 
     @property
     def namespace(self) -> str:

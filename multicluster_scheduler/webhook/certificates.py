@@ -142,8 +142,9 @@ class CertificateManager(ServingFiles):
                 self.issue()
                 log.info("renewed webhook serving certificate")
 
-    async def reconcile_ca_bundle(self, request: Request) -> None:
-        """Controller: keep every webhook's caBundle equal to the CA."""
+    async def reconcile(self, request: Request) -> None:
+        """The reconciler of the ``webhook-ca-bundle`` controller: keep every webhook's caBundle
+        equal to the CA."""
         if request.name != self.webhook_configuration or self.ca is None:
             return
         configuration = await self.client.get(MUTATING_WEBHOOKS, request.name)
