@@ -104,6 +104,7 @@ PAGE_SHRINK = 4
 WEBSOCKET_FRAME_BYTES = 4 << 20
 """One WebSocket message of exec or attach: the streams send a few tens of KiB at a time."""
 PAGE_LIMIT = 500
+WATCH_TIMEOUT = 300  # seconds the server keeps a watch open, unless asked otherwise
 """Objects a list page holds, unless the caller asks otherwise."""
 
 
@@ -126,6 +127,52 @@ class ListOptions(TypedDict, total=False):
     label_selector: str | None
     field_selector: str | None
     limit: int
+
+
+class WatchOptions(TypedDict, total=False):
+    """What a watch asks besides its resource and namespace: the events after
+    ``resource_version``, selectors, how long the server keeps it open (``timeout_seconds``,
+    300 by default), bookmarks (asked by default), an ``idle_timeout`` that ends a watch silent
+    that long, and ``on_open``, called once the server has accepted the watch."""
+
+    resource_version: str
+    label_selector: str | None
+    field_selector: str | None
+    timeout_seconds: int
+    bookmarks: bool
+    idle_timeout: float | None
+    on_open: Callable[[], object] | None
+
+
+class WriteOptions(TypedDict, total=False):
+    """What a create or an update says besides its body: a ``subresource`` (``status``,
+    ``binding``), the ``name`` of the object a created subresource belongs to, and query
+    ``params`` (``dryRun``)."""
+
+    subresource: str | None
+    name: str | None
+    params: dict[str, Any]
+
+
+class PatchOptions(TypedDict, total=False):
+    """What a patch says besides its body: its type (a merge patch by default), a
+    ``subresource``, and for server-side apply the ``field_manager`` and ``force``."""
+
+    patch_type: PatchType
+    subresource: str | None
+    field_manager: str | None
+    force: bool | None
+
+
+class DeleteOptions(TypedDict, total=False):
+    """What a delete asks: a ``propagation_policy``, a ``grace_period_seconds``,
+    ``preconditions`` (``uid``, ``resourceVersion``); with ``missing_ok``, an object already
+    gone is not an error."""
+
+    propagation_policy: str | None
+    grace_period_seconds: int | None
+    preconditions: dict | None
+    missing_ok: bool
 
 
 class Client:
@@ -400,17 +447,7 @@ class Client:
         return limit
 
     async def watch(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        resource_version: str = "",
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        timeout_seconds: int = 300,
-        bookmarks: bool = True,
-        idle_timeout: float | None = None,
-        on_open: Callable[[], object] | None = None,
+        self, resource: Resource, namespace: str | None = None, **options: Unpack[WatchOptions]
     ) -> AsyncGenerator[dict, None]:
         """Watch events as dicts ``{"type": ..., "object": ...}``; ends when the server ends it.
 
@@ -423,15 +460,16 @@ class Client:
         params = _query(
             {
                 "watch": "true",
-                "resourceVersion": resource_version or None,
-                "allowWatchBookmarks": "true" if bookmarks else None,
-                "labelSelector": label_selector,
-                "fieldSelector": field_selector,
-                "timeoutSeconds": timeout_seconds,
+                "resourceVersion": options.get("resource_version") or None,
+                "allowWatchBookmarks": "true" if options.get("bookmarks", True) else None,
+                "labelSelector": options.get("label_selector"),
+                "fieldSelector": options.get("field_selector"),
+                "timeoutSeconds": options.get("timeout_seconds", WATCH_TIMEOUT),
             }
         )
         path = resource.path(namespace)
         context = f"WATCH {path} on {self.name}"
+        idle_timeout, on_open = options.get("idle_timeout"), options.get("on_open")
         events = self._events(path, context, params, idle_timeout, on_open)
         async for event in self._pausing(context, events):
             yield event
@@ -546,23 +584,19 @@ class Client:
         resource: Resource,
         body: dict,
         namespace: str | None = None,
-        *,
-        subresource: str | None = None,
-        name: str | None = None,
-        **params: Any,
+        **options: Unpack[WriteOptions],
     ) -> dict:
         namespace = namespace or body.get("metadata", {}).get("namespace")
-        path = resource.path(namespace, name, subresource) if subresource else None
+        subresource = options.get("subresource")
+        path = resource.path(namespace, options.get("name"), subresource) if subresource else None
         return await self.request(
-            "POST", path or resource.path(namespace), params=params, body=body
+            "POST", path or resource.path(namespace), params=options.get("params"), body=body
         )
 
-    async def update(
-        self, resource: Resource, body: dict, *, subresource: str | None = None, **params: Any
-    ) -> dict:
+    async def update(self, resource: Resource, body: dict, **options: Unpack[WriteOptions]) -> dict:
         meta = body["metadata"]
-        path = resource.path(meta.get("namespace"), meta["name"], subresource)
-        return await self.request("PUT", path, params=params, body=body)
+        path = resource.path(meta.get("namespace"), meta["name"], options.get("subresource"))
+        return await self.request("PUT", path, params=options.get("params"), body=body)
 
     async def update_status(self, resource: Resource, body: dict) -> dict:
         return await self.update(resource, body, subresource="status")
@@ -573,18 +607,18 @@ class Client:
         name: str,
         patch: Any,
         namespace: str | None = None,
-        *,
-        patch_type: PatchType = "merge",
-        subresource: str | None = None,
-        field_manager: str | None = None,
-        force: bool | None = None,
+        **options: Unpack[PatchOptions],
     ) -> dict:
-        params = {"fieldManager": field_manager, "force": _bool(force)}
+        params = {
+            "fieldManager": options.get("field_manager"),
+            "force": _bool(options.get("force")),
+        }
+        patch_type = options.get("patch_type", "merge")
         if patch_type == "apply" and not isinstance(patch, bytes | str):
             patch = orjson.dumps(patch)  # JSON is YAML
         return await self.request(
             "PATCH",
-            resource.path(namespace, name, subresource),
+            resource.path(namespace, name, options.get("subresource")),
             params=params,
             body=patch,
             content_type=PATCH_CONTENT_TYPES[patch_type],
@@ -595,24 +629,20 @@ class Client:
         resource: Resource,
         name: str,
         namespace: str | None = None,
-        *,
-        propagation_policy: str | None = None,
-        grace_period_seconds: int | None = None,
-        preconditions: dict | None = None,
-        missing_ok: bool = False,
+        **options: Unpack[DeleteOptions],
     ) -> dict | None:
         """Delete an object; with ``missing_ok``, one already gone is not an error."""
-        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
-        if propagation_policy:
-            options["propagationPolicy"] = propagation_policy
-        if grace_period_seconds is not None:
-            options["gracePeriodSeconds"] = grace_period_seconds
-        if preconditions:
-            options["preconditions"] = preconditions
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if options.get("propagation_policy"):
+            body["propagationPolicy"] = options["propagation_policy"]
+        if options.get("grace_period_seconds") is not None:
+            body["gracePeriodSeconds"] = options["grace_period_seconds"]
+        if options.get("preconditions"):
+            body["preconditions"] = options["preconditions"]
         try:
-            return await self.request("DELETE", resource.path(namespace, name), body=options)
+            return await self.request("DELETE", resource.path(namespace, name), body=body)
         except NotFound:
-            if missing_ok:
+            if options.get("missing_ok"):
                 return None
             raise
 

@@ -48,12 +48,20 @@ import uuid
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 import yaml
 
-from .client import Client, PatchType
+from .client import (
+    WATCH_TIMEOUT,
+    Client,
+    DeleteOptions,
+    PatchOptions,
+    PatchType,
+    WatchOptions,
+    WriteOptions,
+)
 from .cluster import Cluster
 from .config import ClusterConfig
 from .errors import ApiError, NotFound, error_for
@@ -658,29 +666,24 @@ class FakeServer:
         selected = self._filter(action, labels, fields)
         return self._select(action.resource, selected), str(self._version)
 
-    async def watch(
-        self,
-        action: Action,
-        *,
-        resource_version: str = "",
-        labels: str | None = None,
-        fields: str | None = None,
-        timeout: float | None = None,
-        bookmarks: bool = True,
-        on_open: Callable[[], object] | None = None,
-    ) -> AsyncGenerator[dict, None]:
-        """Events after ``resource_version`` (from none or ``0``: the objects as ADDED first);
-        Gone if the history does not reach back that far. Ends after ``timeout`` seconds."""
+    async def watch(self, action: Action, options: WatchOptions) -> AsyncGenerator[dict, None]:
+        """Events after ``options["resource_version"]`` (from none or ``0``: the objects as
+        ADDED first); Gone if the history does not reach back that far. Ends after
+        ``timeout_seconds``. ``idle_timeout`` is not modelled."""
         self._act(action)
-        watcher = _Watcher(action.resource, self._filter(action, labels, fields), bookmarks)
-        backlog = self._backlog(action, watcher, resource_version)
+        selected = self._filter(
+            action, options.get("label_selector"), options.get("field_selector")
+        )
+        watcher = _Watcher(action.resource, selected, options.get("bookmarks", True))
+        backlog = self._backlog(action, watcher, options.get("resource_version", ""))
         self._watchers.add(watcher)
         try:
+            on_open = options.get("on_open")
             if on_open is not None:
                 on_open()
             for event in backlog:
                 yield _copy(event)
-            async for event in watcher.events(timeout):
+            async for event in watcher.events(options.get("timeout_seconds", WATCH_TIMEOUT)):
                 yield _copy(event)
         finally:
             self._watchers.discard(watcher)
@@ -950,28 +953,10 @@ class FakeClient(Client):
             yield {**kind, "metadata": meta, "items": items[start : start + size]}
 
     async def watch(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        resource_version: str = "",
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        timeout_seconds: int = 300,
-        bookmarks: bool = True,
-        idle_timeout: float | None = None,
-        on_open: Callable[[], object] | None = None,
+        self, resource: Resource, namespace: str | None = None, **options: Unpack[WatchOptions]
     ) -> AsyncGenerator[dict, None]:
         await asyncio.sleep(0)
-        async for event in self.server.watch(
-            self._action("watch", resource, namespace),
-            resource_version=resource_version,
-            labels=label_selector,
-            fields=field_selector,
-            timeout=timeout_seconds,
-            bookmarks=bookmarks,
-            on_open=on_open,
-        ):
+        async for event in self.server.watch(self._action("watch", resource, namespace), options):
             yield event
 
     async def create(
@@ -979,22 +964,20 @@ class FakeClient(Client):
         resource: Resource,
         body: dict,
         namespace: str | None = None,
-        *,
-        subresource: str | None = None,
-        name: str | None = None,
-        **params: Any,
+        **options: Unpack[WriteOptions],
     ) -> dict:
         await asyncio.sleep(0)
         meta = body.get("metadata") or {}
         namespace = namespace or meta.get("namespace")
-        action = self._action("create", resource, namespace, name or meta.get("name"), subresource)
-        return self.server.create(action, body)
+        name, subresource = options.get("name") or meta.get("name"), options.get("subresource")
+        return self.server.create(
+            self._action("create", resource, namespace, name, subresource), body
+        )
 
-    async def update(
-        self, resource: Resource, body: dict, *, subresource: str | None = None, **params: Any
-    ) -> dict:
+    async def update(self, resource: Resource, body: dict, **options: Unpack[WriteOptions]) -> dict:
         await asyncio.sleep(0)
         meta = body.get("metadata") or {}
+        subresource = options.get("subresource")
         action = self._action(
             "update", resource, meta.get("namespace"), meta.get("name"), subresource
         )
@@ -1006,33 +989,28 @@ class FakeClient(Client):
         name: str,
         patch: Any,
         namespace: str | None = None,
-        *,
-        patch_type: PatchType = "merge",
-        subresource: str | None = None,
-        field_manager: str | None = None,
-        force: bool | None = None,
+        **options: Unpack[PatchOptions],
     ) -> dict:
         await asyncio.sleep(0)
-        action = self._action("patch", resource, namespace, name, subresource)
-        return self.server.patch(action, patch, patch_type, field_manager)
+        action = self._action("patch", resource, namespace, name, options.get("subresource"))
+        patch_type = options.get("patch_type", "merge")
+        return self.server.patch(action, patch, patch_type, options.get("field_manager"))
 
     async def delete(
         self,
         resource: Resource,
         name: str,
         namespace: str | None = None,
-        *,
-        propagation_policy: str | None = None,
-        grace_period_seconds: int | None = None,
-        preconditions: dict | None = None,
-        missing_ok: bool = False,
+        **options: Unpack[DeleteOptions],
     ) -> dict | None:
         await asyncio.sleep(0)
         action = self._action("delete", resource, namespace, name)
         try:
-            return self.server.delete(action, grace_period_seconds, preconditions)
+            return self.server.delete(
+                action, options.get("grace_period_seconds"), options.get("preconditions")
+            )
         except NotFound:
-            if missing_ok:
+            if options.get("missing_ok"):
                 return None
             raise
 

@@ -46,7 +46,7 @@ async def through_apiserver(bed: BenchBed, rate: float, seconds: float) -> dict:
         nonlocal failures
         await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
         try:
-            await client.create(PODS, body, NAMESPACE, dryRun="All")
+            await client.create(PODS, body, NAMESPACE, params={"dryRun": "All"})
         except Exception:
             failures += 1
 
