@@ -9,7 +9,9 @@ while it has copies, so that deleting it deletes them first. Nothing is copied t
 (the object is there already). An object of the same name in a target that is not our copy is
 never overwritten: a Warning event on the source says so.
 
-The scheduler calls :meth:`Follow.prepare` before it creates a delegate, so that a delegate
+The scheduler calls :meth:`Follow.prepare` before it creates a delegate: it asks the follow
+controllers, the only writers of copies, for those the delegate will use (a request for that
+one target, which no other target holds up) and waits for them a while, so that a delegate
 normally finds its config maps and secrets in place when it starts; the reconciles triggered
 by delegates, copies and sources then keep everything in step. Targets are handled
 concurrently, each within ``TARGET_TIMEOUT``: a slow or unreachable target never holds up
@@ -141,6 +143,8 @@ class Follower:
         self._delegates: dict[str, Informer] = {}  # by virtual node name
         self._handlers: dict[str, list[Registration]] = {}
         self._locks: dict[Key, tuple[asyncio.Lock, int]] = {}
+        # Copies asked for by delegates about to be created: key → (when asked, answer).
+        self._wanted: dict[Key, list[tuple[float, asyncio.Future]]] = {}
         self._written: dict[Key, tuple[str, float]] = {}  # → (hash, monotonic time)
         self._foreign: dict[Key, float] = {}  # → monotonic time until which it is skipped
 
@@ -292,7 +296,8 @@ class Follower:
 
     @contextlib.asynccontextmanager
     async def _locked(self, key: Key) -> AsyncIterator[None]:
-        """One writer per copy (the reconcile and :meth:`ensure` may race)."""
+        """One writer per copy: the reconcile of a whole object and one asked for a single
+        target (:meth:`want`) may run at once."""
         lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
         self._locks[key] = (lock, users + 1)
         try:
@@ -310,10 +315,22 @@ class Follower:
     async def reconcile(self, request: Request) -> Result | None:
         namespace, name = request.namespace, request.name
         plan = _Plan(namespace, name, self.sources.get(name, namespace), time.monotonic())
-        for connection in self._targets(namespace):
-            self._plan_target(plan, connection)
-        busy = await self._carry_out(plan)
-        await self._settle_finalizer(plan)
+        # A request for one target (its cluster is that target's virtual node) writes the copy
+        # a delegate about to be created there wants, held up by no other target; the reconcile
+        # of the whole object then settles the finalizer.
+        target = None if request.cluster == self.local.name else request.cluster
+        try:
+            for connection in self._targets(namespace):
+                if target is None or connection.node_name == target:
+                    self._plan_target(plan, connection)
+            busy = await self._carry_out(plan)
+            if target is None:
+                await self._settle_finalizer(plan)
+        finally:
+            self._answer_wanted(plan)
+        if target is not None:
+            self.controller.queue.add(self._request(namespace, name))
+            return Result(requeue=True) if busy else None
         if busy:
             return Result(requeue=True)  # with backoff, holding no worker meanwhile
         if plan.requeue is None and plan.remaining:
@@ -330,6 +347,8 @@ class Follower:
         ours = copy is not None and is_copy_of(copy, plan.namespace, plan.name, self.cluster_name)
         if copy is None and plan.key(connection) in self._written:
             plan.keep(look_again=1.0)  # just written, not cached yet: wait for the cache
+        elif not plan.gone and plan.key(connection) in self._wanted:
+            self._plan_write(plan, connection, copy, ours)  # for a delegate about to be made
         elif not connection.delegates_synced:
             if ours:
                 plan.keep(look_again=NOT_CACHED_RETRY)  # who uses it is not known yet
@@ -538,43 +557,32 @@ class Follower:
 
     # -- before a delegate is created ---------------------------------------------------------
 
-    async def ensure(self, connection: TargetConnection, namespace: str, name: str) -> None:
-        """Make sure the copy of ``namespace/name`` exists in ``connection`` now."""
-        source = self.sources.get(name, namespace)
-        if source is None or is_deleting(source) or not is_followed(source):
-            return
-        node = connection.node_name
-        key = (node, namespace, name)
-        written = self._written.get(key)
-        if written is not None and written[0] == source["hash"]:
-            return
-        if self._foreign.get(key, 0.0) > time.monotonic():
-            return
-        copies = self.copies.get(node)
-        if copies is None or not copies.has_synced:
-            return
-        async with self._locked(key):
-            written = self._written.get(key)
-            if written is not None and written[0] == source["hash"]:
-                return
-            copy = copies.get(name, namespace)
-            if copy is not None:
-                if not is_copy_of(copy, namespace, name, self.cluster_name):
-                    self._warn(key, source, connection, "CopyConflict")
-                    return
-                if copy["hash"] == source["hash"]:
-                    return
-            # Announce the copy before the finalizer's own event wakes the reconcile, which
-            # would otherwise find neither copy nor user and take the finalizer off again.
-            self._written[key] = ("", time.monotonic())
-            try:
-                full = await self._source_with_finalizer(namespace, name)
-                if full is not None and not is_deleting(full):
-                    await self._write(connection, full, copy)
-            finally:
-                if self._written.get(key, ("",))[0] == "":
-                    del self._written[key]
-        self.controller.queue.add(self._request(namespace, name))
+    def want(self, connection: TargetConnection, namespace: str, name: str) -> asyncio.Future:
+        """Ask for the copy of ``namespace/name`` in ``connection`` for a delegate about to be
+        created there: the next reconcile of that object writes it (whoever uses it), and
+        the future is done when a reconcile that began after this call has ended, whatever it
+        did (a copy that could not be written is retried once the delegate exists)."""
+        future = asyncio.get_running_loop().create_future()
+        key = (connection.node_name, namespace, name)
+        self._wanted.setdefault(key, []).append((time.monotonic(), future))
+        self.controller.queue.add(Request(connection.node_name, namespace, name))
+        return future
+
+    def forget_wanted(self, connection: TargetConnection, namespace: str, name: str) -> None:
+        """The delegate is created (or not): its copies are kept by the delegates that use them."""
+        key = (connection.node_name, namespace, name)
+        waiting = [(t, f) for t, f in self._wanted.get(key, ()) if not f.done()]
+        if waiting:
+            self._wanted[key] = waiting
+        else:
+            self._wanted.pop(key, None)
+
+    def _answer_wanted(self, plan: _Plan) -> None:
+        """The copies asked for before ``plan`` began are done with, one way or another."""
+        for connection in self._targets(plan.namespace):
+            for asked, future in self._wanted.get(plan.key(connection), ()):
+                if asked <= plan.now and not future.done():
+                    future.set_result(None)
 
 
 class Follow:
@@ -608,9 +616,9 @@ class Follow:
         await asyncio.gather(*(f.removed(connection) for f in self.followers.values()))
 
     async def prepare(self, connection: TargetConnection, delegate: dict) -> None:
-        """Copy what ``delegate`` uses to its target before it is created there, within
-        ``PREPARE_TIMEOUT``. Never raises: what fails here is retried by the controllers once
-        the delegate exists."""
+        """Have what ``delegate`` uses copied to its target before it is created there, waiting
+        ``PREPARE_TIMEOUT`` at most. Never raises: what fails here is retried by the follow
+        controllers once the delegate exists."""
         cluster = connection.cluster
         if cluster is None or cluster is self.local:
             return
@@ -626,26 +634,19 @@ class Follow:
         ]
         if not wanted:
             return
+        # The follow controllers write the copies (they alone write copies); this waits for
+        # them, a while.
+        asked = [self.followers[k].want(connection, namespace, n) for k, n in wanted]
         try:
-            async with asyncio.timeout(PREPARE_TIMEOUT):
-                results = await asyncio.gather(
-                    *(self.followers[k].ensure(connection, namespace, n) for k, n in wanted),
-                    return_exceptions=True,
-                )
-        except TimeoutError:
-            results = [TimeoutError(f"not done within {PREPARE_TIMEOUT:g}s")]
-        for result in results:
-            if isinstance(result, Exception):
-                level = (
-                    logging.WARNING
-                    if isinstance(result, ApiError | TimeoutError)
-                    else logging.ERROR
-                )
-                log.log(
-                    level,
-                    "copies not all made before delegate %s/%s target=%s: %s",
-                    namespace,
-                    delegate["metadata"]["name"],
-                    connection.name,
-                    result,
-                )
+            _, late = await asyncio.wait(asked, timeout=PREPARE_TIMEOUT)
+        finally:
+            for kind, name in wanted:
+                self.followers[kind].forget_wanted(connection, namespace, name)
+        if late:
+            log.warning(
+                "copies not all made before delegate %s/%s target=%s: not done within %gs",
+                namespace,
+                delegate["metadata"]["name"],
+                connection.name,
+                PREPARE_TIMEOUT,
+            )

@@ -187,8 +187,13 @@ class World:
 
 
 @pytest.fixture
-def world() -> World:
-    return World()
+async def world():
+    world = World()
+    # The follow controller's workers: they write the copies prepare asks for.
+    workers = asyncio.create_task(world.maps.controller.run())
+    yield world
+    workers.cancel()
+    await asyncio.gather(workers, return_exceptions=True)
 
 
 async def test_a_used_config_map_is_copied_after_its_source_gets_the_finalizer(world):
@@ -375,3 +380,21 @@ async def test_only_what_the_proxy_pod_itself_uses_follows(world):
     await world.reconcile("private")
     assert world.targets["c2"][1].calls == []
     assert "finalizers" not in world.api.objects["private"]["metadata"]
+
+
+async def test_prepare_writes_nothing_itself_the_follow_controller_does(monkeypatch):
+    """One writer of copies: prepare asks the follow controller and waits for it, a while."""
+    monkeypatch.setattr(follow_module, "PREPARE_TIMEOUT", 0.2)
+    world = World()  # no workers: nobody answers
+    world.source(config_map())
+    fast = world.connect("fast")
+    world.proxy(pod_using("d1", "settings"), None)
+    await asyncio.wait_for(world.follow.prepare(fast, delegate("d1", "settings")), 2)
+    assert world.targets["fast"][1].calls == []
+    workers = asyncio.create_task(world.maps.controller.run())
+    try:
+        await world.follow.prepare(fast, delegate("d1", "settings"))
+    finally:
+        workers.cancel()
+        await asyncio.gather(workers, return_exceptions=True)
+    assert world.targets["fast"][1].calls == [("create", "settings")]
