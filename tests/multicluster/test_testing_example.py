@@ -34,3 +34,14 @@ async def test_a_config_map_is_labelled():
     assert written["metadata"]["labels"] == {"seen": "yes"}
     assert [action.verb for action in cluster.server.writes] == ["create", "patch"]
     await cluster.stop()
+
+
+def test_the_docs_show_this_very_example():
+    from pathlib import Path
+
+    here = Path(__file__).read_text()
+    example = here[
+        here.index("from multicluster import Request") : here.index("\n\n\ndef test_the_docs")
+    ]
+    docs = (Path(__file__).parents[2] / "docs" / "multicluster.md").read_text()
+    assert example + "\n```" in docs
