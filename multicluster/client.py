@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Unpack
 
 import aiohttp
@@ -89,7 +90,7 @@ def size(n: int) -> str:
 log = logging.getLogger(__name__)
 
 PatchType = Literal["merge", "strategic", "json", "apply"]
-PATCH_CONTENT_TYPES = {
+PATCH_CONTENT_TYPES: dict[PatchType, str] = {
     "merge": "application/merge-patch+json",
     "strategic": "application/strategic-merge-patch+json",
     "json": "application/json-patch+json",
@@ -142,6 +143,36 @@ class WatchOptions(TypedDict, total=False):
     bookmarks: bool
     idle_timeout: float | None
     on_open: Callable[[], object] | None
+
+
+VERB_METHODS = {
+    "get": "GET",
+    "create": "POST",
+    "update": "PUT",
+    "patch": "PATCH",
+    "delete": "DELETE",
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One verb on an object (or, to create one, on its collection) of a resource: what every
+    verb of :class:`Client` sends through :meth:`Client.call`, the one place a fake client
+    (:mod:`.testing`) answers instead of a server."""
+
+    verb: str  # get, create, update, patch or delete
+    resource: Resource
+    namespace: str | None = None
+    name: str | None = None
+    subresource: str | None = None
+
+    @property
+    def method(self) -> str:
+        return VERB_METHODS[self.verb]
+
+    @property
+    def path(self) -> str:
+        return self.resource.path(self.namespace, self.name, self.subresource)
 
 
 class WriteOptions(TypedDict, total=False):
@@ -349,7 +380,7 @@ class Client:
     async def get(
         self, resource: Resource, name: str, namespace: str | None = None, **params: Any
     ) -> dict:
-        return await self.request("GET", resource.path(namespace, name), params=params)
+        return await self.call(Call("get", resource, namespace, name), params=params)
 
     async def list(
         self, resource: Resource, namespace: str | None = None, **options: Unpack[ListOptions]
@@ -588,15 +619,20 @@ class Client:
     ) -> dict:
         namespace = namespace or body.get("metadata", {}).get("namespace")
         subresource = options.get("subresource")
-        path = resource.path(namespace, options.get("name"), subresource) if subresource else None
-        return await self.request(
-            "POST", path or resource.path(namespace), params=options.get("params"), body=body
-        )
+        name = options.get("name") if subresource else None  # a subresource of that object
+        call = Call("create", resource, namespace, name, subresource)
+        return await self.call(call, params=options.get("params"), body=body)
 
     async def update(self, resource: Resource, body: dict, **options: Unpack[WriteOptions]) -> dict:
         meta = body["metadata"]
-        path = resource.path(meta.get("namespace"), meta["name"], options.get("subresource"))
-        return await self.request("PUT", path, params=options.get("params"), body=body)
+        call = Call(
+            "update", resource, meta.get("namespace"), meta["name"], options.get("subresource")
+        )
+        return await self.call(call, params=options.get("params"), body=body)
+
+    async def call(self, call: Call, **options: Unpack[RequestOptions]) -> Any:
+        """Send one verb (:class:`Call`) to the server; return the decoded answer."""
+        return await self.request(call.method, call.path, **options)
 
     async def update_status(self, resource: Resource, body: dict) -> dict:
         return await self.update(resource, body, subresource="status")
@@ -616,9 +652,8 @@ class Client:
         patch_type = options.get("patch_type", "merge")
         if patch_type == "apply" and not isinstance(patch, bytes | str):
             patch = orjson.dumps(patch)  # JSON is YAML
-        return await self.request(
-            "PATCH",
-            resource.path(namespace, name, options.get("subresource")),
+        return await self.call(
+            Call("patch", resource, namespace, name, options.get("subresource")),
             params=params,
             body=patch,
             content_type=PATCH_CONTENT_TYPES[patch_type],
@@ -640,7 +675,7 @@ class Client:
         if options.get("preconditions"):
             body["preconditions"] = options["preconditions"]
         try:
-            return await self.request("DELETE", resource.path(namespace, name), body=body)
+            return await self.call(Call("delete", resource, namespace, name), body=body)
         except NotFound:
             if options.get("missing_ok"):
                 return None

@@ -54,17 +54,19 @@ import orjson
 import yaml
 
 from .client import (
+    PAGE_LIMIT,
+    PATCH_CONTENT_TYPES,
     WATCH_TIMEOUT,
+    Call,
     Client,
-    DeleteOptions,
-    PatchOptions,
+    ListOptions,
     PatchType,
+    RequestOptions,
     WatchOptions,
-    WriteOptions,
 )
 from .cluster import Cluster
 from .config import ClusterConfig
-from .errors import ApiError, NotFound, error_for
+from .errors import ApiError, error_for
 from .kubetime import format_time
 from .readlimits import CacheBudget
 from .resources import PODS, Resource
@@ -898,6 +900,9 @@ def _content(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
+_PATCH_TYPES: dict[str, PatchType] = {v: k for k, v in PATCH_CONTENT_TYPES.items()}
+
+
 # -- the client and the cluster -------------------------------------------------------------
 
 
@@ -925,25 +930,36 @@ class FakeClient(Client):
     async def request(self, method: str, path: str, **_: Any) -> Any:
         raise NotImplementedError(f"{method} {path}: a FakeClient serves only the verbs")
 
-    async def get(
-        self, resource: Resource, name: str, namespace: str | None = None, **params: Any
-    ) -> dict:
+    async def call(self, call: Call, **options: Unpack[RequestOptions]) -> Any:
+        """Answer one verb from the server: the real client's verbs encoded it (query, body,
+        content type), and it is read back here as the API server would."""
         await asyncio.sleep(0)
-        return self.server.get(self._action("get", resource, namespace, name))
+        body = options.get("body") or {}
+        params = options.get("params") or {}
+        name = call.name
+        if call.verb == "create" and name is None:
+            name = (body.get("metadata") or {}).get("name")
+        action = self._action(call.verb, call.resource, call.namespace, name, call.subresource)
+        if call.verb == "get":
+            return self.server.get(action)
+        if call.verb == "create":
+            return self.server.create(action, body)
+        if call.verb == "update":
+            return self.server.update(action, body)
+        if call.verb == "patch":
+            patch_type = _PATCH_TYPES[options.get("content_type", "")]
+            return self.server.patch(action, body, patch_type, params.get("fieldManager"))
+        return self.server.delete(action, body.get("gracePeriodSeconds"), body.get("preconditions"))
 
     async def list_pages(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        limit: int = 500,
+        self, resource: Resource, namespace: str | None = None, **options: Unpack[ListOptions]
     ) -> AsyncGenerator[dict, None]:
         """Pages of ``limit`` items cut from one snapshot, with continue tokens."""
         await asyncio.sleep(0)
         action = self._action("list", resource, namespace)
-        items, version = self.server.list(action, label_selector, field_selector)
+        selectors = options.get("label_selector"), options.get("field_selector")
+        items, version = self.server.list(action, *selectors)
+        limit = options.get("limit", PAGE_LIMIT)
         size = limit if limit > 0 else max(len(items), 1)
         for start in range(0, max(len(items), 1), size):
             meta = {"resourceVersion": version}
@@ -958,61 +974,6 @@ class FakeClient(Client):
         await asyncio.sleep(0)
         async for event in self.server.watch(self._action("watch", resource, namespace), options):
             yield event
-
-    async def create(
-        self,
-        resource: Resource,
-        body: dict,
-        namespace: str | None = None,
-        **options: Unpack[WriteOptions],
-    ) -> dict:
-        await asyncio.sleep(0)
-        meta = body.get("metadata") or {}
-        namespace = namespace or meta.get("namespace")
-        name, subresource = options.get("name") or meta.get("name"), options.get("subresource")
-        return self.server.create(
-            self._action("create", resource, namespace, name, subresource), body
-        )
-
-    async def update(self, resource: Resource, body: dict, **options: Unpack[WriteOptions]) -> dict:
-        await asyncio.sleep(0)
-        meta = body.get("metadata") or {}
-        subresource = options.get("subresource")
-        action = self._action(
-            "update", resource, meta.get("namespace"), meta.get("name"), subresource
-        )
-        return self.server.update(action, body)
-
-    async def patch(
-        self,
-        resource: Resource,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        **options: Unpack[PatchOptions],
-    ) -> dict:
-        await asyncio.sleep(0)
-        action = self._action("patch", resource, namespace, name, options.get("subresource"))
-        patch_type = options.get("patch_type", "merge")
-        return self.server.patch(action, patch, patch_type, options.get("field_manager"))
-
-    async def delete(
-        self,
-        resource: Resource,
-        name: str,
-        namespace: str | None = None,
-        **options: Unpack[DeleteOptions],
-    ) -> dict | None:
-        await asyncio.sleep(0)
-        action = self._action("delete", resource, namespace, name)
-        try:
-            return self.server.delete(
-                action, options.get("grace_period_seconds"), options.get("preconditions")
-            )
-        except NotFound:
-            if options.get("missing_ok"):
-                return None
-            raise
 
 
 class FakeCluster(Cluster):
