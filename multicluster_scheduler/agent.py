@@ -44,9 +44,10 @@ from multicluster import (
 from multicluster.config import ConfigError
 from multicluster.errors import ServerError, TooManyRequests
 from multicluster.pki import KeyPair
-from multicluster.resources import NAMESPACES
+from multicluster.resources import NAMESPACES, NODES
 
 from .api.ingresses import DEFAULT_REFUSED_ANNOTATIONS
+from .api.summary import slim_node
 from .follow.controller import Follow
 from .scheduler.controller import Scheduler, proxy_informer
 from .services.controller import ServiceSync
@@ -66,7 +67,7 @@ from .targets.limits import (
 )
 from .targets.registry import TargetRegistry
 from .virtual_kubelet.kubelet import KubeletApi
-from .virtual_kubelet.loop import VirtualKubelet, release_owner
+from .virtual_kubelet.loop import NodeSettings, VirtualKubelet, release_owner
 from .virtual_kubelet.pods import PodSync
 from .webhook.app import smaller_tls_buffers
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
@@ -442,15 +443,14 @@ async def add_controllers(
         ingresses.controller,
     ):
         manager.add_controller(controller)
-    virtual_kubelet = VirtualKubelet(
-        cluster.client,
-        registry,
-        address=settings.node_address,
-        port=settings.kubelet_port,
-        owner=await release_owner(cluster.client, settings.name),
-        pods=pods,
-        features=None if settings.kubelet_websockets else [],
+    node = NodeSettings(
+        settings.node_address,
+        settings.kubelet_port,
+        await release_owner(cluster.client, settings.name),
+        None if settings.kubelet_websockets else [],
     )
+    nodes = cluster.informer(NODES, transform=slim_node)  # the scheduler's: one watch
+    virtual_kubelet = VirtualKubelet(cluster.client, registry, node, pods=pods, nodes=nodes)
     manager.add_runnable(virtual_kubelet.sweep, needs_leader=True)
     return lookup
 

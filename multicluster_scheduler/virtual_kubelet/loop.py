@@ -9,8 +9,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 
-from multicluster import ApiError, Client, Conflict, NotFound, Resource
+from multicluster import ApiError, Client, Conflict, Informer, NotFound, Resource
+from multicluster.informer import DELETED
 from multicluster.kubetime import format_micro_time
 from multicluster.resources import LEASES, NODES
 
@@ -31,26 +33,38 @@ def _micro_now() -> str:
     return format_micro_time()
 
 
+@dataclass(frozen=True)
+class NodeSettings:
+    """What every virtual node of this agent says of itself: where its kubelet API answers
+    (``address``, ``port``), the ``owner`` that takes it away with the release, and the
+    kubelet ``features`` it announces (None: all)."""
+
+    address: str
+    port: int
+    owner: dict | None = None
+    features: list[str] | None = None
+
+
 class NodeLoop:
+    """One virtual node: created, its labels, status and Lease kept, and created again if it
+    is deleted behind its back (``nodes``, the cache of nodes, says so at once)."""
+
     def __init__(
         self,
         client: Client,
         connection: TargetConnection,
+        settings: NodeSettings,
         *,
-        address: str,
-        port: int,
+        nodes: Informer | None = None,
         lease_interval: float = 10.0,
         status_interval: float = 60.0,
-        owner: dict | None = None,
-        features: list[str] | None = None,
     ) -> None:
         self.client = client
-        self.owner = owner
-        self.features = features
+        self.settings = settings
+        self.owner = settings.owner
+        self.nodes = nodes
         self.connection = connection
         self.name = connection.node_name
-        self.address = address
-        self.port = port
         self.lease_interval = lease_interval
         self.status_interval = status_interval
         self._node: dict | None = None
@@ -69,8 +83,20 @@ class NodeLoop:
                 await asyncio.wait_for(self.connection.changed.wait(), self.lease_interval)
             self.connection.changed.clear()
 
+    def _gone(self) -> bool:
+        """Whether the node was deleted behind our back, as the cache of nodes says."""
+        nodes = self.nodes
+        return (
+            nodes is not None
+            and nodes.has_synced
+            and nodes.last_error is None
+            and nodes.get(self.name) is None
+        )
+
     async def _sync(self) -> None:
         summary = self.connection.summary()
+        if self._node is not None and self._gone():
+            self._node = self._lease = None  # read again (the cache may only be behind)
         if self._node is None:
             try:
                 self._node = await self.client.get(NODES, self.name)
@@ -106,10 +132,10 @@ class NodeLoop:
             self.connection.ready,
             self.connection.reason,
             self.connection.message,
-            address=self.address,
-            port=self.port,
+            address=self.settings.address,
+            port=self.settings.port,
             previous=self._node.get("status"),
-            features=self.features,
+            features=self.settings.features,
         )
         due = time.monotonic() - self._status_written >= self.status_interval
         if due or status_differs(self._node.get("status"), desired):
@@ -154,8 +180,10 @@ class NodeLoop:
         self._lease["spec"] = {**(self._lease.get("spec") or {}), **spec}
         try:
             self._lease = await self.client.update(LEASES, self._lease)
-        except (Conflict, NotFound):
+        except Conflict:
             self._lease = None  # read it again next time
+        except NotFound:  # gone with its node, maybe: both are read again next time
+            self._node = self._lease = None
 
     async def delete(self) -> None:
         """Delete the node (its Lease goes with it: it is owned by the node)."""
@@ -171,33 +199,31 @@ class VirtualKubelet:
         self,
         client: Client,
         registry: TargetRegistry,
+        settings: NodeSettings,
         *,
-        address: str,
-        port: int,
-        owner: dict | None = None,
         pods: PodSync | None = None,
-        features: list[str] | None = None,
+        nodes: Informer | None = None,
     ) -> None:
         self.client = client
-        self.features = features
-        self.address = address
-        self.port = port
-        self.owner = owner
+        self.settings = settings
+        self.owner = settings.owner
         self.pods = pods
+        self.nodes = nodes
         self.registry = registry
         self._loops: dict[str, tuple[NodeLoop, asyncio.Task]] = {}
         registry.on_added(self._added)
         registry.on_removed(self._removed)
+        if nodes is not None:
+            nodes.add_handler(self._node_event)
+
+    def _node_event(self, event: str, node: dict, _old: dict | None, _initial: bool) -> None:
+        """A node of ours deleted behind its loop's back: the loop makes it again now."""
+        entry = self._loops.get(node["metadata"]["name"])
+        if event == DELETED and entry is not None:
+            entry[0].connection.changed.set()
 
     async def _added(self, connection: TargetConnection) -> None:
-        loop = NodeLoop(
-            self.client,
-            connection,
-            address=self.address,
-            port=self.port,
-            owner=self.owner,
-            features=self.features,
-        )
+        loop = NodeLoop(self.client, connection, self.settings, nodes=self.nodes)
         task = asyncio.create_task(loop.run(), name=f"node-{connection.node_name}")
         self._loops[connection.node_name] = (loop, task)
         if self.pods is not None:
