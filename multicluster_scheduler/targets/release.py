@@ -205,7 +205,8 @@ class ProxyRelease:
             with contextlib.suppress(ApiError, TimeoutError):
                 async with asyncio.timeout(RELEASE_TIMEOUT):
                     for delegate in self.lookup.in_target(proxy, connection):
-                        await connection.delete_delegate(delegate, "its target failed over")
+                        if not is_deleting(delegate):
+                            await connection.delete_delegate(delegate, "its target failed over")
         if not await self.let_go(proxy):
             return False
         log.info(
