@@ -928,7 +928,16 @@ class FakeClient(Client):
         return Action(verb, resource, namespace, name, subresource, self.name)
 
     async def request(self, method: str, path: str, **_: Any) -> Any:
-        raise NotImplementedError(f"{method} {path}: a FakeClient serves only the verbs")
+        """What is not a verb (a pod's log, a review) is not served: 404, as for a path the
+        server does not know, which callers handle as the API error it is."""
+        status = {
+            "kind": "Status",
+            "status": "Failure",
+            "message": "the server could not find the requested resource",
+            "reason": "NotFound",
+            "code": 404,
+        }
+        raise error_for(404, status, f"{method} {path} on {self.name}")
 
     async def call(self, call: Call, **options: Unpack[RequestOptions]) -> Any:
         """Answer one verb from the server: the real client's verbs encoded it (query, body,
@@ -988,8 +997,9 @@ class FakeCluster(Cluster):
         idle_timeout: float = 150.0,
         budget: CacheBudget | None = None,
     ) -> None:
-        # An address of its own: two targets are one place when their addresses are the same.
-        config = ClusterConfig(f"https://{name}.fake.invalid", None)
+        server = server if server is not None else FakeServer(name=name)
+        # The server's address: clusters are one place when their addresses are the same.
+        config = ClusterConfig(f"https://{server.name}.fake.invalid", None)
         super().__init__(name, config, idle_timeout=idle_timeout, budget=budget)
-        self.server = server if server is not None else FakeServer(name=name)
+        self.server = server
         self.client: FakeClient = FakeClient(self.server, name=name)

@@ -713,7 +713,7 @@ async def test_binding_assigns_a_pod_once(client: FakeClient) -> None:
 
 
 async def test_a_fake_client_serves_no_raw_request(client: FakeClient) -> None:
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(NotFound, match="could not find the requested resource"):
         await client.request("GET", "/version")
 
 
