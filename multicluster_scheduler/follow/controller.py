@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from multicluster import (
     AlreadyExists,
@@ -75,6 +76,7 @@ RESYNC_EVERY = 300.0
 RESOURCES: dict[str, Resource] = {CONFIG_MAP: CONFIGMAPS, SECRET: SECRETS}
 
 Key = tuple[str, str, str]  # (virtual node, namespace, name)
+CopyAction = Literal["write", "delete"]
 
 
 def _age(obj: dict) -> float:
@@ -94,7 +96,7 @@ class _Plan:
     name: str
     source: dict | None
     now: float
-    actions: list[tuple[TargetConnection, str, dict | None]] = field(default_factory=list)
+    actions: list[tuple[TargetConnection, CopyAction, dict | None]] = field(default_factory=list)
     remaining: int = 0
     requeue: float | None = None
 
@@ -422,7 +424,7 @@ class Follower:
     async def _act(
         self,
         connection: TargetConnection,
-        action: str,
+        action: CopyAction,
         copy: dict | None,
         source: dict | None,
         planned: float,
@@ -430,12 +432,9 @@ class Follower:
         """Write or delete one copy within ``TARGET_TIMEOUT``: True if a copy of ours remains
         there, False if not, a message if it failed, None if the target's owner has no slot
         free (:class:`..targets.limits.TargetSlots`)."""
-        if action == "write":
-            assert source is not None
-            meta = source["metadata"]
-        else:
-            assert copy is not None
-            meta = copy["metadata"]
+        acted_on = source if action == "write" else copy  # what the action reads
+        assert acted_on is not None
+        meta = acted_on["metadata"]
         key = (connection.node_name, meta["namespace"], meta["name"])
         with self.slots.slot(connection.name, connection.namespace) as free:
             if not free:
@@ -443,11 +442,11 @@ class Follower:
             try:
                 async with asyncio.timeout(TARGET_TIMEOUT), self._locked(key):
                     if action == "write":
-                        return await self._write(connection, source, copy)  # type: ignore[arg-type]
+                        return await self._write(connection, acted_on, copy)
                     written = self._written.get(key)
                     if written is not None and written[1] >= planned:
                         return True  # written for a new delegate since this reconcile looked
-                    await self._delete_copy(connection, copy)  # type: ignore[arg-type]
+                    await self._delete_copy(connection, acted_on)
                     return False
             except (ApiError, TimeoutError) as e:
                 return f"{connection.name}: {str(e) or 'timed out'}"
@@ -476,14 +475,12 @@ class Follower:
 
     async def _write(self, connection: TargetConnection, source: dict, copy: dict | None) -> bool:
         """Create or update the copy in ``connection``'s cluster; False if not ours to write."""
-        cluster = connection.cluster
-        assert cluster is not None
         meta = source["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         key = (connection.node_name, namespace, name)
         body = desired_copy({**source, "kind": self.kind}, self.cluster_name)
         written_hash = slim_followed(body)["hash"]
-        client = cluster.client
+        client = connection.client
         if copy is None:
             try:
                 await client.create(self.resource, body, namespace)
@@ -507,7 +504,7 @@ class Follower:
         return True
 
     async def _replace(self, connection: TargetConnection, body: dict, copy: dict) -> None:
-        client = connection.cluster.client  # type: ignore[union-attr]
+        client = connection.client
         try:
             await client.update(self.resource, body)
         except Invalid:
@@ -521,7 +518,7 @@ class Follower:
 
     async def _delete_copy(self, connection: TargetConnection, copy: dict) -> None:
         meta = copy["metadata"]
-        await connection.cluster.client.delete(  # type: ignore[union-attr]
+        await connection.client.delete(
             self.resource,
             meta["name"],
             meta["namespace"],
@@ -568,10 +565,14 @@ class Follower:
         self.controller.queue.add(Request(connection.node_name, namespace, name))
         return future
 
-    def forget_wanted(self, connection: TargetConnection, namespace: str, name: str) -> None:
-        """The delegate is created (or not): its copies are kept by the delegates that use them."""
+    def forget_wanted(
+        self, connection: TargetConnection, namespace: str, name: str, future: asyncio.Future
+    ) -> None:
+        """The copy asked for with ``future`` is no longer waited for (the delegate is created,
+        or not): from now on, the delegates that use it keep it."""
         key = (connection.node_name, namespace, name)
-        waiting = [(t, f) for t, f in self._wanted.get(key, ()) if not f.done()]
+        future.cancel()
+        waiting = [(t, f) for t, f in self._wanted.get(key, ()) if f is not future]
         if waiting:
             self._wanted[key] = waiting
         else:
@@ -640,8 +641,8 @@ class Follow:
         try:
             _, late = await asyncio.wait(asked, timeout=PREPARE_TIMEOUT)
         finally:
-            for kind, name in wanted:
-                self.followers[kind].forget_wanted(connection, namespace, name)
+            for (kind, name), future in zip(wanted, asked, strict=True):
+                self.followers[kind].forget_wanted(connection, namespace, name, future)
         if late:
             log.warning(
                 "copies not all made before delegate %s/%s target=%s: not done within %gs",
