@@ -3,6 +3,8 @@ rely on (the original project's keys, unchanged)."""
 
 from __future__ import annotations
 
+from multicluster.gc import ParentReferences
+
 GROUP = "multicluster.admiralty.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -38,12 +40,13 @@ PROVIDER_KEY = "virtual-kubelet.io/provider"
 PROVIDER = "admiralty"
 TARGET_NAMESPACE_LABEL, TARGET_NAME_LABEL, CLUSTER_TARGET_NAME_LABEL = _owner_labels("target")
 
-# Cross-cluster references and garbage collection.
-PARENT_UID = PREFIX + "parent-uid"
-PARENT_NAME = PREFIX + "parent-name"
-PARENT_NAMESPACE = PREFIX + "parent-namespace"
-PARENT_CLUSTER_NAME = PREFIX + "parent-cluster-name"
-FINALIZER = PREFIX + "multiclusterForegroundDeletion"
+# Cross-cluster references and garbage collection: the runtime's (multicluster-controller's).
+PARENTS = ParentReferences(PREFIX)
+PARENT_UID = PARENTS.uid_key
+PARENT_NAME = PARENTS.name_key
+PARENT_NAMESPACE = PARENTS.namespace_key
+PARENT_CLUSTER_NAME = PARENTS.cluster_key
+FINALIZER = PARENTS.finalizer
 HAS_FINALIZER = PREFIX + "has-finalizer"
 
 # Services.
