@@ -1,400 +1,479 @@
-"""The follow controller's decisions against fake API clients: when a copy is written, kept or
-deleted, whose delegates count, and that a target that hangs holds up no other. (The real
-thing, with API servers, kubectl and a Job, is e2e/test_follow.py.)"""
+"""The follow controller's decisions, on the in-memory API servers of :mod:`multicluster.testing`:
+when a copy is written, kept or deleted, whose delegates count, and that a target that hangs
+holds up no other. (The real thing, with API servers, kubectl and a Job, is e2e/test_follow.py.)
+
+This cluster and its targets are fake API servers whose caches are the real informers; targets
+are attached as the targets controller attaches them. Proxy pods, delegates, config maps and
+copies are created on the servers; a test reconciles a config map (or runs the follow
+controller's workers, which write what ``Follow.prepare`` asks for) and reads the servers.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import copy as _copy
+from collections.abc import AsyncGenerator
 
 import pytest
 
-from multicluster import Cluster, ClusterConfig, NotFound
-from multicluster.resources import PODS
+from multicluster import Request, Result
+from multicluster.errors import ServerError
+from multicluster.resources import CONFIGMAPS, PODS
+from multicluster.testing import Action, FakeCluster, FakeServer
 from multicluster_scheduler.api import keys
-from multicluster_scheduler.api.follow import CONFIG_MAP, desired_copy, slim_followed
-from multicluster_scheduler.api.proxy import (
-    DELEGATE_LABEL_SELECTOR,
-    delegate_pod,
-    slim_delegate,
-    slim_proxy,
-)
+from multicluster_scheduler.api.follow import CONFIG_MAP, desired_copy
+from multicluster_scheduler.api.proxy import delegate_pod
 from multicluster_scheduler.follow import controller as follow_module
 from multicluster_scheduler.follow.controller import Follow
 from multicluster_scheduler.scheduler.controller import proxy_informer
 from multicluster_scheduler.targets.delegates import DelegateLookup
-from multicluster_scheduler.targets.registry import (
-    DELEGATE_INDEX,
-    REFERENCE_INDEX,
-    TargetConnection,
-    TargetRegistry,
-    by_parent_uid,
-    by_reference,
-)
+from multicluster_scheduler.targets.registry import TargetConnection, TargetRegistry
+from tests.worlds import HoldingCluster, attach, events, named, settle, until
 
 NS = "ns"
 ME, OTHER = "cluster-a", "cluster-b"
-OLD = "2020-01-01T00:00:00Z"
+LOCAL = "local"
 
 
-class FakeClient:
-    def __init__(self, hang: bool = False) -> None:
-        self.objects: dict[str, dict] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.hang = hang
-        self.mirror = None  # a cache written through, as a watch would
-
-    async def _maybe_hang(self) -> None:
-        if self.hang:
-            await asyncio.sleep(3600)
-
-    async def get(self, resource, name, namespace=None, **_):
-        self.calls.append(("get", name))
-        if name not in self.objects:
-            raise NotFound(name)
-        return _copy.deepcopy(self.objects[name])
-
-    async def patch(self, resource, name, patch, namespace=None, **_):
-        self.calls.append(("patch", name))
-        obj = self.objects[name]
-        meta = patch.get("metadata", {})
-        if "finalizers" in meta:
-            obj["metadata"]["finalizers"] = meta["finalizers"]
-        if self.mirror is not None:
-            self.mirror(obj)
-        return _copy.deepcopy(obj)
-
-    async def create(self, resource, body, namespace=None, **_):
-        await self._maybe_hang()
-        self.calls.append(("create", body["metadata"]["name"]))
-        self.objects[body["metadata"]["name"]] = _copy.deepcopy(body)
-        return body
-
-    async def update(self, resource, body, **_):
-        await self._maybe_hang()
-        self.calls.append(("update", body["metadata"]["name"]))
-        return body
-
-    async def delete(self, resource, name, namespace=None, **_):
-        await self._maybe_hang()
-        self.calls.append(("delete", name))
-        self.objects.pop(name, None)
-
-
-def fake_cluster(name: str, hang: bool = False) -> tuple[Cluster, FakeClient]:
-    cluster = Cluster(name, ClusterConfig(f"https://{name}.invalid:6443", None))
-    client = FakeClient(hang)
-    cluster.client = client  # type: ignore[assignment]
-    return cluster, client
-
-
-def config_map(name: str = "settings") -> dict:
-    return {
-        "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": NS, "uid": "src-uid", "resourceVersion": "1"},
-        "data": {"GREETING": "hello"},
-    }
+def config_map(name: str = "settings", ns: str = NS, *, held: bool = False) -> dict:
+    """A config map of this cluster (``held``: with our finalizer, as while it has copies)."""
+    meta: dict = {"name": name, "namespace": ns}
+    if held:
+        meta["finalizers"] = [keys.FINALIZER]
+    return {"metadata": meta, "data": {"GREETING": "hello"}}
 
 
 def pod_using(name: str, *uses: str) -> dict:
-    """A pod (a proxy pod as its API server keeps it) whose containers use config maps."""
+    """A pod whose container uses config maps."""
     return {
-        "metadata": {"name": name, "namespace": NS, "uid": "p-" + name},
+        "metadata": {"name": name, "namespace": NS},
         "spec": {
-            "containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": u}} for u in uses]}]
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "nginx",
+                    "envFrom": [{"configMapRef": {"name": u}} for u in uses],
+                }
+            ]
         },
     }
 
 
-def delegate(name: str, uses: str, parent_cluster: str = ME) -> dict:
-    """The delegate a cluster makes of ``pod_using(name, uses)``."""
-    proxy = pod_using(name, uses)
-    made = delegate_pod(proxy, proxy, parent_cluster)
-    made["metadata"]["uid"] = "d-" + name
-    return made
-
-
 class World:
+    """This cluster (``local``) with the follow controller, and targets connected to it."""
+
     def __init__(self) -> None:
-        self.local, self.api = fake_cluster("local")
+        self.local = FakeCluster(LOCAL)
+        self.api = self.local.server
         self.registry = TargetRegistry()
         self.proxies = proxy_informer(self.local)
         self.follow = Follow(self.local, DelegateLookup(self.registry, self.proxies, ME))
         self.maps = self.follow.followers[CONFIG_MAP]
-        self.events: list[str] = []
-        self.maps.events = type(
-            "E", (), {"emit": lambda _s, _o, _t, r, _m: self.events.append(r)}
-        )()
-        self.maps.sources._synced.set()
-        self.api.mirror = lambda obj: self.maps.sources.store.put(
-            f"{NS}/{obj['metadata']['name']}", slim_followed(obj)
-        )
-        self.targets: dict[str, tuple[TargetConnection, FakeClient]] = {}
+        self.targets: dict[str, FakeCluster] = {}
+        self.connections: dict[str, TargetConnection] = {}
+        self._workers: asyncio.Task | None = None
 
-    def source(self, obj: dict) -> None:
-        self.api.objects[obj["metadata"]["name"]] = _copy.deepcopy(obj)
-        self.maps.sources.store.put(f"{NS}/{obj['metadata']['name']}", slim_followed(obj))
+    async def start(self) -> None:
+        self.local.start()
+        assert await self.local.wait_synced(3)
 
-    def connect(self, name: str, *, hang: bool = False, synced: bool = True) -> TargetConnection:
-        cluster, client = fake_cluster(name, hang)
-        delegates = cluster.informer(
-            PODS, NS, label_selector=DELEGATE_LABEL_SELECTOR, transform=slim_delegate
-        )
-        delegates.add_indexer(REFERENCE_INDEX, by_reference)
-        delegates.add_indexer(DELEGATE_INDEX, by_parent_uid)
-        if synced:
-            delegates._synced.set()
-        connection = TargetConnection(
-            kind="Target", name=name, namespace=NS, cluster=cluster, delegates=delegates
-        )
-        self.registry.connections[connection.node_name] = connection
-        self.follow._connected(connection)
-        self.maps.copies[connection.node_name]._synced.set()
-        self.targets[name] = (connection, client)
-        return connection
+    def run(self) -> None:
+        """The follow controller's workers: they write the copies ``prepare`` asks for."""
+        self._workers = asyncio.create_task(self.maps.controller.run())
 
-    def proxy(self, pod: dict, target: str | None) -> None:
-        """``pod`` as a proxy pod bound to ``target``'s virtual node (None: not bound)."""
-        node = self.targets[target][0].node_name if target else None
-        proxy = _copy.deepcopy(pod)
-        proxy["spec"].update(schedulerName="admiralty-proxy", nodeName=node)
-        proxy["metadata"]["finalizers"] = [keys.FINALIZER]  # as the webhook leaves it
-        self.proxies.store.put(f"{NS}/{pod['metadata']['name']}", slim_proxy(proxy))
+    async def stop(self) -> None:
+        if self._workers is not None:
+            self._workers.cancel()
+            await asyncio.gather(self._workers, return_exceptions=True)
+        for follower in self.follow.followers.values():
+            follower.controller.queue.shut_down()  # its timers too
+        for target in self.targets.values():
+            if isinstance(target, HoldingCluster):
+                target.holding.release()
+        await asyncio.gather(*(c.stop() for c in (self.local, *self.targets.values())))
 
-    def delegate(self, target: str, pod: dict, *, bound: str | None = "") -> None:
-        """A delegate in ``target``, its proxy pod bound there (or to ``bound``; None: no proxy)."""
-        connection, _ = self.targets[target]
-        connection.delegates.store.put(f"{NS}/{pod['metadata']['name']}", slim_delegate(pod))
-        if bound is not None:
-            parent = pod["metadata"]["annotations"][keys.PARENT_NAME]
-            uses = [
-                e["configMapRef"]["name"]
-                for c in pod["spec"]["containers"]
-                for e in c.get("envFrom") or ()
-            ]
-            self.proxy(pod_using(parent, *uses), bound or target)
+    async def connect(
+        self,
+        name: str,
+        cluster: FakeCluster | None = None,
+        *,
+        ns: str | None = NS,
+        synced: bool = True,
+    ) -> TargetConnection:
+        """A Target ``name`` of ``ns`` (a ClusterTarget when None), attached as the targets
+        controller attaches it."""
+        target = cluster or FakeCluster(name, FakeServer(name=name))
+        connection = TargetConnection("Target" if ns else "ClusterTarget", name, ns)
+        self.targets[name], self.connections[name] = target, connection
+        return await attach(self.registry, connection, target, synced=synced)
 
-    def copy(self, target: str, source: dict, cluster_name: str = ME, created: str = OLD) -> None:
-        connection, client = self.targets[target]
-        body = desired_copy(source, cluster_name)
-        body["metadata"].update(uid="copy-uid", resourceVersion="5", creationTimestamp=created)
-        client.objects[source["metadata"]["name"]] = body
-        copies = self.maps.copies[connection.node_name]
-        copies.store.put(f"{NS}/{source['metadata']['name']}", slim_followed(body))
+    def node(self, target: str) -> str:
+        return self.connections[target].node_name
 
-    async def reconcile(self, name: str = "settings"):
-        return await self.maps.reconcile(self.maps._request(NS, name))
+    # -- what the clusters hold --
+
+    async def source(self, obj: dict) -> dict:
+        """A config map created in this cluster, once the follow controller's cache has it."""
+        (made,) = self.api.add(CONFIGMAPS, obj)
+        meta = made["metadata"]
+        await until(lambda: self.maps.sources.get(meta["name"], meta["namespace"]) is not None)
+        return made
+
+    def stored(self, name: str = "settings", ns: str = NS) -> dict:
+        """A config map of this cluster, as its API server holds it."""
+        found = named(self.api, CONFIGMAPS, name, ns)
+        assert found is not None
+        return found
+
+    async def proxy(self, pod: dict, target: str | None) -> dict:
+        """``pod`` as a proxy pod, as the webhook leaves it, bound to ``target``'s virtual node
+        (None: being placed); once the proxy pods' cache has it."""
+        proxy = {
+            "metadata": {**pod["metadata"], "finalizers": [keys.FINALIZER]},
+            "spec": {
+                **pod["spec"],
+                "schedulerName": keys.PROXY_SCHEDULER_NAME,
+                "nodeName": self.node(target) if target else None,
+            },
+        }
+        (made,) = self.api.add(PODS, proxy)
+        await until(lambda: self.proxies.get(pod["metadata"]["name"], NS) is not None)
+        return made
+
+    async def gone_proxy(self, name: str) -> None:
+        """A proxy pod not being placed any more: its finalizer off, deleted, out of the cache."""
+        patch = {"metadata": {"finalizers": None}}
+        await self.local.client.patch(PODS, name, patch, NS)
+        await self.local.client.delete(PODS, name, NS)
+        await until(lambda: self.proxies.get(name, NS) is None)
+
+    def delegate_of(self, proxy: dict, *uses: str, cluster_name: str = ME, **meta: str) -> dict:
+        """The delegate ``cluster_name`` makes of ``proxy`` (using ``uses``, by default what
+        ``proxy`` uses), with ``meta`` changed."""
+        manifest = pod_using(proxy["metadata"]["name"], *uses) if uses else proxy
+        made = delegate_pod(proxy, manifest, cluster_name)
+        made["metadata"].update(meta)
+        return made
+
+    async def delegate(self, target: str, pod: dict) -> dict:
+        """``pod`` created in ``target``, once that target's cache of delegates has it."""
+        (made,) = self.targets[target].server.add(PODS, pod)
+        meta = made["metadata"]
+        delegates = self.connections[target].delegates
+        assert delegates is not None
+        await until(lambda: delegates.get(meta["name"], meta["namespace"]) is not None)
+        return made
+
+    async def copy(self, target: str, source: dict) -> dict:
+        """Our copy of ``source`` in ``target``, once the follow controller's cache has it."""
+        (made,) = self.targets[target].server.add(CONFIGMAPS, desired_copy(source, ME))
+        copies = self.maps.copies[self.node(target)]
+        await until(lambda: copies.get(made["metadata"]["name"], NS) is not None)
+        return made
+
+    def made(self, target: str) -> list[str]:
+        """The names of the copies in ``target``, each created, and none deleted. (A reconcile
+        that planned a write before another made the copy may write it again: its create
+        answers AlreadyExists, and an update follows.)"""
+        writes = self.writes(target)
+        copies = self.copies(target)
+        for name in copies:
+            assert next(verb for verb, n in writes if n == name) == "create"
+            assert copies[name]["metadata"]["annotations"][keys.PARENT_CLUSTER_NAME] == ME
+        assert "delete" not in {verb for verb, _ in writes}
+        return sorted(copies)
+
+    def copies(self, target: str, ns: str = NS) -> dict[str, dict]:
+        """The config maps in ``target``'s API server, by name."""
+        objects = self.targets[target].server.objects(CONFIGMAPS, ns)
+        return {o["metadata"]["name"]: o for o in objects}
+
+    def writes(self, target: str) -> list[tuple[str, str]]:
+        """The writes of config maps ``target``'s API server was asked for, in order."""
+        server = self.targets[target].server
+        return [(a.verb, a.name or "") for a in server.writes if a.resource == CONFIGMAPS]
+
+    async def reconcile(self, name: str = "settings", ns: str = NS) -> Result | None:
+        return await self.maps.reconcile(Request(LOCAL, ns, name))
+
+    def warnings(self) -> list[tuple[str, str, int]]:
+        """The Events about config maps: (name, reason, count)."""
+        return [(n, reason, count) for n, _, reason, count in events(self.api, NS)]
 
 
 @pytest.fixture
-async def world():
-    world = World()
-    # The follow controller's workers: they write the copies prepare asks for.
-    workers = asyncio.create_task(world.maps.controller.run())
-    yield world
-    workers.cancel()
-    await asyncio.gather(workers, return_exceptions=True)
+async def world() -> AsyncGenerator[World, None]:
+    made = World()
+    await made.start()
+    yield made
+    await made.stop()
 
 
-async def test_a_used_config_map_is_copied_after_its_source_gets_the_finalizer(world):
-    world.source(config_map())
-    world.connect("c2")
-    world.delegate("c2", delegate("d1", "settings"))
+# -- copies written, kept and deleted -------------------------------------------------------------
+
+
+async def test_a_used_config_map_is_copied_after_its_source_gets_the_finalizer(world: World):
+    await world.source(config_map())
+    await world.connect("c2")
+    order: list[str] = []
+
+    def record(action: Action) -> None:
+        order.append(f"{action.client}: {action.verb} {action.resource.plural}")
+
+    world.api.prepend_reactor("patch", CONFIGMAPS, record)
+    world.targets["c2"].server.prepend_reactor("create", CONFIGMAPS, record)
+    proxy = await world.proxy(pod_using("d1", "settings"), "c2")
+    await world.delegate("c2", world.delegate_of(proxy))
     await world.reconcile()
-    _, target = world.targets["c2"]
-    assert target.calls == [("create", "settings")]
-    copy = target.objects["settings"]
+    assert world.writes("c2") == [("create", "settings")]
+    copy = world.copies("c2")["settings"]
     assert copy["metadata"]["annotations"][keys.PARENT_CLUSTER_NAME] == ME
+    assert copy["metadata"]["labels"][keys.PARENT_UID] == world.stored()["metadata"]["uid"]
     assert copy["data"] == {"GREETING": "hello"}
-    assert keys.FINALIZER in world.api.objects["settings"]["metadata"]["finalizers"]
+    assert keys.FINALIZER in world.stored()["metadata"]["finalizers"]
+    assert order == ["local: patch configmaps", "c2: create configmaps"], "the finalizer first"
 
 
-async def test_copies_are_kept_while_the_targets_delegates_are_not_all_cached(world):
+async def test_copies_are_kept_while_the_targets_delegates_are_not_all_cached(world: World):
     """A reconnect makes new caches: copies may be listed before the delegates that use them."""
-    source = {
-        **config_map(),
-        "metadata": {**config_map()["metadata"], "finalizers": [keys.FINALIZER]},
-    }
-    world.source(source)
-    world.connect("c2", synced=False)
-    world.copy("c2", source)
+    source = await world.source(config_map(held=True))
+    c2 = FakeCluster("c2", FakeServer(name="c2"))
+    c2.server.fail_next("list", PODS, ServerError("pods not listed", status=500), times=None)
+    await world.connect("c2", c2, synced=False)
+    await world.copy("c2", source)
+    assert not world.connections["c2"].delegates_synced
+    local_writes = len(world.api.writes)
     result = await world.reconcile()
-    _, target = world.targets["c2"]
-    assert ("delete", "settings") not in target.calls
-    assert ("patch", "settings") not in world.api.calls  # the finalizer stays
+    assert world.writes("c2") == [], "the copy stays"
+    assert len(world.api.writes) == local_writes, "the finalizer stays"
+    assert world.stored()["metadata"]["finalizers"] == [keys.FINALIZER]
     assert result is not None
     assert result.requeue_after == follow_module.NOT_CACHED_RETRY
 
 
-async def test_an_unused_old_copy_is_deleted_and_the_finalizer_removed(world):
-    source = {
-        **config_map(),
-        "metadata": {**config_map()["metadata"], "finalizers": [keys.FINALIZER]},
-    }
-    world.source(source)
-    world.connect("c2")
-    world.copy("c2", source)
+async def test_an_unused_old_copy_is_deleted_and_the_finalizer_removed(
+    world: World, monkeypatch: pytest.MonkeyPatch
+):
+    # Any copy is old: the fake server dates every object it creates now.
+    monkeypatch.setattr(follow_module, "GRACE", 0.0)
+    source = await world.source(config_map(held=True))
+    await world.connect("c2")
+    await world.copy("c2", source)
     await world.reconcile()
-    _, target = world.targets["c2"]
-    assert target.calls == [("delete", "settings")]
-    assert world.api.objects["settings"]["metadata"]["finalizers"] == []
+    assert world.writes("c2") == [("delete", "settings")]
+    assert world.copies("c2") == {}
+    assert not world.stored()["metadata"].get("finalizers")
+    assert keys.HAS_FINALIZER not in (world.stored()["metadata"].get("labels") or {})
 
 
-async def test_a_young_unused_copy_is_kept_for_a_while(world):
-    import datetime as dt
-
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    source = {
-        **config_map(),
-        "metadata": {**config_map()["metadata"], "finalizers": [keys.FINALIZER]},
-    }
-    world.source(source)
-    world.connect("c2")
-    world.copy("c2", source, created=now)
+async def test_a_young_unused_copy_is_kept_for_a_while(world: World):
+    source = await world.source(config_map(held=True))
+    await world.connect("c2")
+    await world.copy("c2", source)  # created now
     result = await world.reconcile()
-    assert world.targets["c2"][1].calls == []
+    assert world.writes("c2") == []
+    assert result is not None
     assert 0 < result.requeue_after <= follow_module.GRACE
+    assert world.stored()["metadata"]["finalizers"] == [keys.FINALIZER], "a copy remains"
 
 
-async def test_delegates_of_other_source_clusters_do_not_count(world):
+async def test_a_copy_made_for_a_delegate_that_never_came_goes_once_unused(
+    world: World, monkeypatch: pytest.MonkeyPatch
+):
+    """What prepare asked for is kept only while it is asked for: the delegate not created, the
+    copy is unused, and deleted (after its grace, none here; a reconcile that ran while it was
+    still asked for looks again after RESYNC_EVERY, short here)."""
+    monkeypatch.setattr(follow_module, "GRACE", 0.0)
+    monkeypatch.setattr(follow_module, "RESYNC_EVERY", 0.5)
+    await world.source(config_map())
+    fast = await world.connect("fast")
+    proxy = await world.proxy(pod_using("d1", "settings"), None)
+    world.run()
+    await world.follow.prepare(fast, world.delegate_of(proxy))
+    assert world.made("fast") == ["settings"]
+    await until(lambda: world.copies("fast") == {}, timeout=5, what="the unused copy deleted")
+    assert world.writes("fast")[-1] == ("delete", "settings")
+
+
+async def test_a_copy_asked_for_by_a_prepare_that_timed_out_goes_once_unused(
+    world: World, monkeypatch: pytest.MonkeyPatch
+):
+    """A prepare that gave up takes back what it asked for: the copy written late, for a
+    delegate that never came, is not wanted for good (it was, and never deleted)."""
+    monkeypatch.setattr(follow_module, "GRACE", 0.0)
+    monkeypatch.setattr(follow_module, "PREPARE_TIMEOUT", 0.2)
+    await world.source(config_map())
+    slow = HoldingCluster("slow", verb="create", resource=CONFIGMAPS)
+    connection = await world.connect("slow", slow)
+    proxy = await world.proxy(pod_using("d1", "settings"), None)
+    world.run()
+    await asyncio.wait_for(world.follow.prepare(connection, world.delegate_of(proxy)), 2)
+    assert world.copies("slow") == {}, "not in time"
+    slow.holding.release()  # the copy is written after all; its delegate never comes
+    await until(lambda: ("delete", "settings") in world.writes("slow"), what="copy deleted")
+    assert world.writes("slow")[0] == ("create", "settings")
+    assert world.copies("slow") == {}
+
+
+# -- whose delegates count ------------------------------------------------------------------------
+
+
+async def test_delegates_of_other_source_clusters_do_not_count(world: World):
     """A target serves several sources: another cluster's delegate using a namesake is not ours
     to feed."""
-    world.source(config_map())
-    world.connect("c2")
-    world.delegate("c2", delegate("theirs", "settings", parent_cluster=OTHER))
+    await world.source(config_map())
+    await world.connect("c2")
+    proxy = await world.proxy(pod_using("d1", "settings"), "c2")
+    await world.delegate("c2", world.delegate_of(proxy, cluster_name=OTHER))
     await world.reconcile()
-    assert world.targets["c2"][1].calls == []
-    assert "finalizers" not in world.api.objects["settings"]["metadata"]
+    assert world.writes("c2") == []
+    assert "finalizers" not in world.stored()["metadata"]
 
 
-async def test_someone_elses_namesake_is_left_alone_and_reported_once(world):
-    world.source(config_map())
-    world.connect("c2")
-    world.delegate("c2", delegate("d1", "settings"))
-    _, target = world.targets["c2"]
-    target.objects["settings"] = {"metadata": {"name": "settings", "namespace": NS}, "data": {}}
+async def test_someone_elses_namesake_is_left_alone_and_reported_once(world: World):
+    await world.source(config_map())
+    await world.connect("c2")
+    theirs = {"metadata": {"name": "settings", "namespace": NS}, "data": {}}
+    world.targets["c2"].server.add(CONFIGMAPS, theirs)
+    proxy = await world.proxy(pod_using("d1", "settings"), "c2")
+    await world.delegate("c2", world.delegate_of(proxy))
 
-    async def exists(resource, body, namespace=None, **_):
-        from multicluster import AlreadyExists
+    def held() -> bool:
+        cached = world.maps.sources.get("settings", NS)
+        return cached is not None and keys.FINALIZER in cached["metadata"].get("finalizers", ())
 
-        raise AlreadyExists("settings exists")
-
-    target.create = exists  # type: ignore[method-assign]
-    for _ in range(3):  # the first attempt, the finalizer's own event, and a later one
-        await world.reconcile()
-    assert target.objects["settings"]["data"] == {}
-    assert world.events == ["CopyConflict"]
+    await world.reconcile()  # the first attempt: the finalizer on, then AlreadyExists
+    await until(held)
+    await world.reconcile()  # the finalizer's own event
+    await until(lambda: not held())
+    await world.reconcile()  # a later one
+    assert world.copies("c2")["settings"]["data"] == {}
+    assert [verb for verb, _ in world.writes("c2")] == ["create"], "tried once"
+    await until(lambda: world.warnings())
+    await settle()
+    assert world.warnings() == [("settings", "CopyConflict", 1)]
     # Nothing of ours holds the source: the finalizer went with the failed attempt.
-    assert world.api.objects["settings"]["metadata"]["finalizers"] == []
-
-
-async def test_a_hanging_target_holds_up_no_other(world, monkeypatch):
-    monkeypatch.setattr(follow_module, "TARGET_TIMEOUT", 0.2)
-    world.source(config_map())
-    world.connect("slow", hang=True)
-    world.connect("fast")
-    for target in ("slow", "fast"):
-        world.delegate(target, delegate("d-" + target, "settings"))
-    with pytest.raises(RuntimeError, match="slow"):
-        await asyncio.wait_for(world.reconcile(), 2)
-    assert world.targets["fast"][1].calls == [("create", "settings")]
-
-
-async def test_prepare_returns_in_time_whatever_the_target_does(world, monkeypatch):
-    monkeypatch.setattr(follow_module, "PREPARE_TIMEOUT", 0.2)
-    world.source(config_map())
-    connection = world.connect("slow", hang=True)
-    world.proxy(pod_using("d1", "settings"), None)  # being placed
-    pod = delegate("d1", "settings")
-    await asyncio.wait_for(world.follow.prepare(connection, pod), 2)
-    fast = world.connect("fast")
-    await world.follow.prepare(fast, pod)
-    assert world.targets["fast"][1].calls == [("create", "settings")]
-
-
-async def test_prepare_copies_only_what_the_proxy_pods_own_spec_uses(world):
-    """A saved manifest that names a Secret the pod itself never used copies nothing of it."""
-    world.source(config_map())
-    world.source(config_map("db-password"))
-    fast = world.connect("fast")
-    world.proxy(pod_using("d1", "settings"), None)
-    pod = delegate("d1", "settings")
-    pod["spec"]["containers"][0].setdefault("envFrom", []).append(
-        {"configMapRef": {"name": "db-password"}}
-    )
-    await world.follow.prepare(fast, pod)
-    assert world.targets["fast"][1].calls == [("create", "settings")]
-    world.proxies.store.delete(f"{NS}/d1")
-    await world.follow.prepare(fast, delegate("d1", "settings"))
-    assert world.targets["fast"][1].calls == [("create", "settings")], "no proxy pod: nothing"
+    assert not world.stored()["metadata"].get("finalizers")
 
 
 # -- pods that only claim to be delegates ---------------------------------------------------------
 
 
-def labelled_like(pod: dict, **changes) -> dict:
-    """``pod`` as someone who may create pods in the target would copy it."""
-    forged = _copy.deepcopy(pod)
-    forged["metadata"].update(uid="forged", **changes)
-    return forged
-
-
 @pytest.mark.parametrize(
-    "forged",
+    "changes",
     [
-        pytest.param(lambda d: labelled_like(d, name="mine"), id="another name"),
-        pytest.param(lambda d: labelled_like(d, namespace="other"), id="another namespace"),
+        pytest.param({"name": "mine"}, id="another name"),
+        pytest.param({"namespace": "other"}, id="another namespace"),
     ],
 )
-async def test_a_pod_carrying_a_proxys_uid_gets_nothing(world, forged):
+async def test_a_pod_carrying_a_proxys_uid_gets_nothing(world: World, changes: dict):
     """The proxy pod exists and is bound to c2; a pod there copies its labels and annotations
-    and says it uses "settings": that is not its delegate."""
-    world.source(config_map())
-    world.connect("c2")
-    real = delegate("d1", "settings")
-    world.proxy(pod_using("d1", "settings"), "c2")
-    world.delegate("c2", forged(real), bound=None)
+    and says it uses "settings": that is not its delegate. (c2 is a ClusterTarget: pods of every
+    namespace are seen there.)"""
+    for ns in (NS, "other"):
+        await world.source(config_map(ns=ns))
+    await world.connect("c2", ns=None)
+    proxy = await world.proxy(pod_using("d1", "settings"), "c2")
+    await world.delegate("c2", world.delegate_of(proxy, **changes))
+    for ns in (NS, "other"):
+        await world.reconcile(ns=ns)
+    assert world.writes("c2") == []
+    for ns in (NS, "other"):
+        assert "finalizers" not in world.stored(ns=ns)["metadata"]
+
+
+async def test_a_delegate_counts_only_where_its_proxy_pod_is_placed(world: World):
+    await world.source(config_map())
+    await world.connect("c2")
+    await world.connect("c3")
+    proxy = await world.proxy(pod_using("d1", "settings"), "c3")
+    await world.delegate("c2", world.delegate_of(proxy))
     await world.reconcile()
-    assert world.targets["c2"][1].calls == []
-    assert "finalizers" not in world.api.objects["settings"]["metadata"]
+    assert world.writes("c2") == []
+    assert world.writes("c3") == [], "no delegate there"
+    assert "finalizers" not in world.stored()["metadata"]
 
 
-async def test_a_delegate_counts_only_where_its_proxy_pod_is_placed(world):
-    world.source(config_map())
-    world.connect("c2")
-    world.connect("c3")
-    world.delegate("c2", delegate("d1", "settings"), bound="c3")
-    await world.reconcile()
-    assert world.targets["c2"][1].calls == []
-
-
-async def test_only_what_the_proxy_pod_itself_uses_follows(world):
+async def test_only_what_the_proxy_pod_itself_uses_follows(world: World):
     """A pod in the target under the delegate's name (the delegate deleted, say) may claim any
     config map of the namespace: only those the proxy pod uses too are copied."""
-    world.source(config_map())
-    world.source(config_map("private"))
-    world.connect("c2")
-    world.proxy(pod_using("d1", "settings"), "c2")
-    claims = delegate("d1", "private")
-    world.delegate("c2", claims, bound=None)
+    await world.source(config_map())
+    await world.source(config_map("private"))
+    await world.connect("c2")
+    proxy = await world.proxy(pod_using("d1", "settings"), "c2")
+    await world.delegate("c2", world.delegate_of(proxy, "private"))
     await world.reconcile("private")
-    assert world.targets["c2"][1].calls == []
-    assert "finalizers" not in world.api.objects["private"]["metadata"]
+    assert world.writes("c2") == []
+    assert "finalizers" not in world.stored("private")["metadata"]
 
 
-async def test_prepare_writes_nothing_itself_the_follow_controller_does(monkeypatch):
+# -- targets that hang ----------------------------------------------------------------------------
+
+
+async def test_a_hanging_target_holds_up_no_other(world: World, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(follow_module, "TARGET_TIMEOUT", 0.2)
+    await world.source(config_map())
+    await world.connect("slow", HoldingCluster("slow", verb="create", resource=CONFIGMAPS))
+    await world.connect("fast")
+    for target in ("slow", "fast"):
+        proxy = await world.proxy(pod_using("d-" + target, "settings"), target)
+        await world.delegate(target, world.delegate_of(proxy))
+    with pytest.raises(RuntimeError, match="slow"):
+        await asyncio.wait_for(world.reconcile(), 2)
+    assert world.writes("fast") == [("create", "settings")]
+    assert world.copies("slow") == {}
+
+
+# -- before a delegate is created -----------------------------------------------------------------
+
+
+async def test_prepare_returns_in_time_whatever_the_target_does(
+    world: World, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(follow_module, "PREPARE_TIMEOUT", 0.2)
+    await world.source(config_map())
+    slow = await world.connect("slow", HoldingCluster("slow", verb="create", resource=CONFIGMAPS))
+    proxy = await world.proxy(pod_using("d1", "settings"), None)  # being placed
+    pod = world.delegate_of(proxy)
+    world.run()
+    await asyncio.wait_for(world.follow.prepare(slow, pod), 2)
+    # Another owner's target (the slow one holds its namespace's share of the workers: the
+    # request prepare made and the reconcile of the whole config map each wait on it).
+    fast = await world.connect("fast", ns=None)
+    await asyncio.wait_for(world.follow.prepare(fast, pod), 2)
+    assert world.made("fast") == ["settings"]
+    assert world.copies("slow") == {}, "still waiting"
+
+
+async def test_prepare_copies_only_what_the_proxy_pods_own_spec_uses(world: World):
+    """A saved manifest that names a config map the pod itself never used copies nothing of
+    it."""
+    await world.source(config_map())
+    await world.source(config_map("db-password"))
+    fast = await world.connect("fast")
+    proxy = await world.proxy(pod_using("d1", "settings"), None)
+    world.run()
+    await world.follow.prepare(fast, world.delegate_of(proxy, "settings", "db-password"))
+    assert world.made("fast") == ["settings"]
+    await settle()
+    writes = world.writes("fast")
+    await world.gone_proxy("d1")
+    await world.follow.prepare(fast, world.delegate_of(proxy))
+    await settle()
+    assert world.writes("fast") == writes, "no proxy pod: nothing"
+    assert list(world.copies("fast")) == ["settings"]
+
+
+async def test_prepare_writes_nothing_itself_the_follow_controller_does(
+    world: World, monkeypatch: pytest.MonkeyPatch
+):
     """One writer of copies: prepare asks the follow controller and waits for it, a while."""
     monkeypatch.setattr(follow_module, "PREPARE_TIMEOUT", 0.2)
-    world = World()  # no workers: nobody answers
-    world.source(config_map())
-    fast = world.connect("fast")
-    world.proxy(pod_using("d1", "settings"), None)
-    await asyncio.wait_for(world.follow.prepare(fast, delegate("d1", "settings")), 2)
-    assert world.targets["fast"][1].calls == []
-    workers = asyncio.create_task(world.maps.controller.run())
-    try:
-        await world.follow.prepare(fast, delegate("d1", "settings"))
-    finally:
-        workers.cancel()
-        await asyncio.gather(workers, return_exceptions=True)
-    assert world.targets["fast"][1].calls == [("create", "settings")]
+    await world.source(config_map())
+    fast = await world.connect("fast")
+    proxy = await world.proxy(pod_using("d1", "settings"), None)
+    # No workers: nobody answers.
+    await asyncio.wait_for(world.follow.prepare(fast, world.delegate_of(proxy)), 2)
+    assert world.writes("fast") == []
+    world.run()
+    await asyncio.wait_for(world.follow.prepare(fast, world.delegate_of(proxy)), 2)
+    assert world.made("fast") == ["settings"]
