@@ -641,9 +641,16 @@ class FakeServer:
             watcher.queue.put_nowait(None)
 
     def compact(self) -> None:
-        """Forget the watch history: a watch from any version before now is Gone (410)."""
+        """Forget the watch history: a watch from any version before now is Gone (410). A watch
+        from the current version is still served (as etcd does): to have an informer list
+        again, write something first."""
         self._events.clear()
         self._compacted = self._version
+
+    @property
+    def resource_version(self) -> str:
+        """The latest resourceVersion: a cache that has seen it (a bookmark tells it) is current."""
+        return str(self._version)
 
     def bookmark(self) -> None:
         """Send a BOOKMARK at the current version to every watch that asked for them."""
@@ -908,9 +915,11 @@ _PATCH_TYPES: dict[str, PatchType] = {v: k for k, v in PATCH_CONTENT_TYPES.items
 
 class FakeClient(Client):
     """A :class:`~.client.Client` answered by a :class:`FakeServer` (a new one if none is
-    given), with the real client's arguments and errors for get, list, list_pages, watch,
-    create, update, update_status, patch and delete; each call yields to the event loop once,
-    as a request would. Raw requests (``request``, logs, exec) are not served."""
+    given). The real client's verbs (get, create, update, update_status, patch, delete) encode
+    each call as they would for a server and hand it to :meth:`call`, answered here (the one
+    method a test overrides to delay or hold a verb); lists and watches are answered by
+    :meth:`list_pages` and :meth:`watch`. Each call yields to the event loop once, as a request
+    would. Raw requests (``request``: logs, exec, reviews) are answered 404."""
 
     def __init__(self, server: FakeServer | None = None, *, name: str = "fake") -> None:
         super().__init__(ClusterConfig(_NOWHERE, None), name=name)

@@ -441,11 +441,13 @@ class Follower:
                 return None
             try:
                 async with asyncio.timeout(TARGET_TIMEOUT), self._locked(key):
-                    if action == "write":
-                        return await self._write(connection, acted_on, copy)
                     written = self._written.get(key)
                     if written is not None and written[1] >= planned:
-                        return True  # written for a new delegate since this reconcile looked
+                        # Written since this reconcile looked (for a delegate on its way): a
+                        # change of the source since then has a reconcile of its own.
+                        return True
+                    if action == "write":
+                        return await self._write(connection, acted_on, copy)
                     await self._delete_copy(connection, acted_on)
                     return False
             except (ApiError, TimeoutError) as e:
