@@ -144,10 +144,3 @@ class WorkQueue(Generic[T]):
             handle.cancel()
         self._waiting.clear()
         self._ready.set()
-
-    def clear(self) -> None:
-        """Drop every queued item (e.g. on losing leadership)."""
-        self._queue.clear()
-        self._low.clear()
-        self._dirty.clear()
-        self._depth.set(0)
