@@ -99,6 +99,9 @@ class _Plan:
     actions: list[tuple[TargetConnection, CopyAction, dict | None]] = field(default_factory=list)
     remaining: int = 0
     requeue: float | None = None
+    # How each action ended, by virtual node: True (a copy stays), False (none), a message
+    # (failed), None (the target's owner had no slot free: tried again later).
+    outcomes: dict[str, bool | str | None] = field(default_factory=dict)
 
     @property
     def gone(self) -> bool:
@@ -350,7 +353,8 @@ class Follower:
         if copy is None and plan.key(connection) in self._written:
             plan.keep(look_again=1.0)  # just written, not cached yet: wait for the cache
         elif not plan.gone and plan.key(connection) in self._wanted:
-            self._plan_write(plan, connection, copy, ours)  # for a delegate about to be made
+            if plan.source is not None and is_followed(plan.source):  # else said once it exists
+                self._plan_write(plan, connection, copy, ours)  # for a delegate about to be made
         elif not connection.delegates_synced:
             if ours:
                 plan.keep(look_again=NOT_CACHED_RETRY)  # who uses it is not known yet
@@ -399,6 +403,7 @@ class Follower:
         results = await asyncio.gather(
             *(self._act(c, action, copy, full, plan.now) for c, action, copy in plan.actions)
         )
+        plan.outcomes = {c.node_name: r for (c, _, _), r in zip(plan.actions, results, strict=True)}
         failures = [f for f in results if isinstance(f, str)]
         busy = sum(1 for r in results if r is None)
         plan.remaining += busy + sum(1 for r in results if r is True)
@@ -581,11 +586,16 @@ class Follower:
             self._wanted.pop(key, None)
 
     def _answer_wanted(self, plan: _Plan) -> None:
-        """The copies asked for before ``plan`` began are done with, one way or another."""
+        """The copies asked for before ``plan`` began are done with (with the message of a
+        failure, if any), but those that waited for a slot: the retry answers them."""
         for connection in self._targets(plan.namespace):
+            node = connection.node_name
+            outcome = plan.outcomes.get(node)
+            if node in plan.outcomes and outcome is None:
+                continue  # no slot was free: not done yet
             for asked, future in self._wanted.get(plan.key(connection), ()):
                 if asked <= plan.now and not future.done():
-                    future.set_result(None)
+                    future.set_result(outcome if isinstance(outcome, str) else None)
 
 
 class Follow:
@@ -641,15 +651,18 @@ class Follow:
         # them, a while.
         asked = [self.followers[k].want(connection, namespace, n) for k, n in wanted]
         try:
-            _, late = await asyncio.wait(asked, timeout=PREPARE_TIMEOUT)
+            done, late = await asyncio.wait(asked, timeout=PREPARE_TIMEOUT)
         finally:
             for (kind, name), future in zip(wanted, asked, strict=True):
                 self.followers[kind].forget_wanted(connection, namespace, name, future)
+        failed = [f.result() for f in done if isinstance(f.result(), str)]
         if late:
+            failed.append(f"not done within {PREPARE_TIMEOUT:g}s")
+        if failed:
             log.warning(
-                "copies not all made before delegate %s/%s target=%s: not done within %gs",
+                "copies not all made before delegate %s/%s target=%s: %s",
                 namespace,
                 delegate["metadata"]["name"],
                 connection.name,
-                PREPARE_TIMEOUT,
+                "; ".join(failed),
             )

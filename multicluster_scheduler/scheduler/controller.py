@@ -87,6 +87,7 @@ REJECTED = "target(s) rejected the delegate"
 # other tenants' pods are placed meanwhile.
 MAX_CREATES_PER_OWNER = 8
 CREATE_TIMEOUT = 20.0
+RELEASE_RECHECK = 2.0  # a deleted pod's delegates still there: looked at again (events sooner)
 
 
 # Called with the target and the delegate just before the delegate is created there (the follow
@@ -695,7 +696,7 @@ class Scheduler:
             if connection is not None and connection.cluster is not None:
                 named = _named(proxy, placement.delegate)
                 await delete_delegate(connection, named, "never seen")
-        result = await self.ending.finalize(proxy, found)
+        result = await self.ending.finalize(proxy, found, recheck=RELEASE_RECHECK)
         if result is None:
             self.unschedulable.discard(request)
             self._forget(uid)

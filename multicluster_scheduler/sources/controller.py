@@ -500,11 +500,13 @@ class FinalizerCleanup:
                 continue
             log.info("deleted ClusterRoleBinding %s for source=%s", name, source_key(source))
         try:
-            await remove_finalizer(
+            released = await remove_finalizer(
                 self.client, SOURCES, source, keys.FINALIZER, label=keys.HAS_FINALIZER
             )
         except Conflict:
             return Result(requeue=True)
+        if released is None:
+            return None  # gone meanwhile
         log.info("removed the finalizer of source=%s (source controller off)", source_key(source))
         return None
 

@@ -102,7 +102,9 @@ class ProxyRelease:
                 if is_deleting(delegate):
                     continue
                 try:
-                    await delete_delegate(other, delegate, "a duplicate of this pod")
+                    await delete_delegate(
+                        other, delegate, "its proxy pod is bound to another target"
+                    )
                 except ApiError as e:
                     failed = failed or e
         return failed
@@ -115,19 +117,21 @@ class ProxyRelease:
         found: Iterable[tuple[TargetConnection, dict]],
         *,
         watched: TargetConnection | None = None,
+        recheck: float = RECHECK,
     ) -> Result | None:
         """``proxy`` is being deleted: delete its delegates (``found``), and once none is left
         (those in a target away past its failover setting are not waited for), remove our
         finalizer. ``watched``: a target where a delegate may be that its cache has not seen
-        yet (the one the pod is bound to): the finalizer stays until that cache is synced."""
+        yet (the one the pod is bound to): the finalizer stays until that cache is synced.
+        While it waits, the pod is looked at again after ``recheck`` seconds."""
         found = list(found)
         for connection, delegate in found:
             if not is_deleting(delegate):
                 await delete_delegate(connection, delegate, "its proxy pod is deleted")
         if any(connection.failover_in() != 0 for connection, _ in found):
-            return Result(requeue_after=RECHECK)  # the delete events requeue it sooner
+            return Result(requeue_after=recheck)  # the delete events requeue it sooner
         if watched is not None and not watched.delegates_synced:
-            return Result(requeue_after=RECHECK)  # a delegate may still run there
+            return Result(requeue_after=recheck)  # a delegate may still run there
         await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
         return None
 

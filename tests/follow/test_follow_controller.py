@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import pytest
 
 from multicluster import Request, Result
+from multicluster.client import Call
 from multicluster.errors import ServerError
 from multicluster.resources import CONFIGMAPS, PODS
-from multicluster.testing import Action, FakeCluster, FakeServer
+from multicluster.testing import Action, FakeClient, FakeCluster, FakeServer
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.follow import CONFIG_MAP, desired_copy
 from multicluster_scheduler.api.proxy import delegate_pod
@@ -442,6 +444,36 @@ async def test_prepare_returns_in_time_whatever_the_target_does(
     await asyncio.wait_for(world.follow.prepare(fast, pod), 2)
     assert world.made("fast") == ["settings"]
     assert world.copies("slow") == {}, "still waiting"
+
+
+class Slow(FakeClient):
+    """A target whose API server takes ``delay`` seconds to create anything."""
+
+    def __init__(self, server: FakeServer, *, name: str, delay: float) -> None:
+        super().__init__(server, name=name)
+        self.delay = delay
+
+    async def call(self, call: Call, **options: Any) -> Any:
+        if call.verb == "create":
+            await asyncio.sleep(self.delay)
+        return await super().call(call, **options)
+
+
+async def test_prepare_waits_for_every_copy_even_when_the_targets_workers_are_all_taken(
+    world: World,
+):
+    """A pod using two config maps: each copy's request holds one of the two workers its
+    target's owner may hold, and the reconciles of the whole config maps find none free; they
+    must not answer prepare before the copies are made."""
+    await world.source(config_map("a"))
+    await world.source(config_map("b"))
+    slow = FakeCluster("slow", FakeServer(name="slow"))
+    slow.client = Slow(slow.server, name="slow", delay=0.1)
+    target = await world.connect("slow", slow)
+    proxy = await world.proxy(pod_using("d1", "a", "b"), None)
+    world.run()
+    await asyncio.wait_for(world.follow.prepare(target, world.delegate_of(proxy, "a", "b")), 5)
+    assert sorted(world.copies("slow")) == ["a", "b"], "both copies there when prepare returns"
 
 
 async def test_prepare_copies_only_what_the_proxy_pods_own_spec_uses(world: World):
