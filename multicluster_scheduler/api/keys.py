@@ -3,8 +3,6 @@ rely on (the original project's keys, unchanged)."""
 
 from __future__ import annotations
 
-from multicluster.gc import ParentReferences
-
 GROUP = "multicluster.admiralty.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -40,13 +38,14 @@ PROVIDER_KEY = "virtual-kubelet.io/provider"
 PROVIDER = "admiralty"
 TARGET_NAMESPACE_LABEL, TARGET_NAME_LABEL, CLUSTER_TARGET_NAME_LABEL = _owner_labels("target")
 
-# Cross-cluster references and garbage collection: the runtime's (multicluster-controller's).
-PARENTS = ParentReferences(PREFIX)
-PARENT_UID = PARENTS.uid_key
-PARENT_NAME = PARENTS.name_key
-PARENT_NAMESPACE = PARENTS.namespace_key
-PARENT_CLUSTER_NAME = PARENTS.cluster_key
-FINALIZER = PARENTS.finalizer
+# Cross-cluster references and garbage collection: those of the runtime's ParentReferences
+# (multicluster.gc), written out here because the webhook's process loads this module without
+# the runtime (tests/api/test_keys.py checks they are the same).
+PARENT_UID = PREFIX + "parent-uid"
+PARENT_NAME = PREFIX + "parent-name"
+PARENT_NAMESPACE = PREFIX + "parent-namespace"
+PARENT_CLUSTER_NAME = PREFIX + "parent-cluster-name"
+FINALIZER = PREFIX + "multiclusterForegroundDeletion"
 HAS_FINALIZER = PREFIX + "has-finalizer"
 
 # Services.

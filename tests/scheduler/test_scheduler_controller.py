@@ -490,30 +490,36 @@ async def test_a_pod_every_target_refuses_is_unschedulable_with_their_reasons(wo
     )
 
 
+TIMEOUT = 1.0
+
+
 async def test_a_delegate_without_a_decision_in_time_is_deleted_and_the_next_target_tried(
     make_world: Callable[..., Awaitable[World]],
 ) -> None:
-    world = await make_world(verify_timeout=0.2)
+    """(A timeout of a second: placing and seeing the delegate must take less, also on a
+    loaded machine.)"""
+    world = await make_world(verify_timeout=TIMEOUT)
     await world.connect("us", node("us-1"))
     await world.connect("eu", node("eu-1"))
     await world.submit(elected("web"))
     started = time.monotonic()
     await world.reconcile("web")
+    placed = time.monotonic()  # the placement's clock started before this
     first = where(world)
     other = next(name for name in world.targets if name != first)
     delegate = delegate_of(world, "web")
     await world.seen(first, delegate)
-    assert time.monotonic() - started < 0.2
+    assert time.monotonic() - started < TIMEOUT, "the machine is too slow for this test"
     result = await world.reconcile("web")
     assert result is not None
     assert result.requeue_after > 0
     assert world.placed() == {first: [delegate]}, "waited for while it has time"
-    await asyncio.sleep(max(0.0, started + 0.2 - time.monotonic()))
+    await asyncio.sleep(max(0.0, placed + TIMEOUT - time.monotonic()))
     await world.reconcile("web")
     assert world.placed() == {other: [delegate]}
     await until(lambda: world.events("DelegateUnschedulable"))
     (event,) = world.events("DelegateUnschedulable")
-    assert f"{first}: no scheduling decision within 0.2s" in event["message"]
+    assert f"{first}: no scheduling decision within 1s" in event["message"]
 
 
 async def test_workers_try_the_next_target_when_the_verify_timeout_is_up(
