@@ -16,34 +16,28 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import pytest
 
-from multicluster import ClusterConfig, Request, Result
+from multicluster import Request, Result
 from multicluster.errors import ApiError, Forbidden
 from multicluster.resources import EVENTS, NAMESPACES, PODS
 from multicluster.testing import Action, FakeCluster, FakeServer
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.proxy import (
-    DELEGATE_LABEL_SELECTOR,
     delegate_name,
     delegate_pod,
     pod_condition,
-    slim_delegate,
     source_manifest,
 )
 from multicluster_scheduler.api.resources import CLUSTER_SUMMARIES
 from multicluster_scheduler.scheduler.controller import Scheduler, proxy_informer
 from multicluster_scheduler.summary.compute import summarize
-from multicluster_scheduler.targets.controller import SINGLETON
 from multicluster_scheduler.targets.delegates import DelegateLookup
 from multicluster_scheduler.targets.registry import (
-    DELEGATE_INDEX,
-    REFERENCE_INDEX,
     TargetConnection,
     TargetRegistry,
-    by_parent_uid,
-    by_reference,
 )
 from multicluster_scheduler.webhook.mutation import mutation_patch
 from tests.webhook.json_patch import apply_patch
+from tests.worlds import attach
 
 NS = "team-a"
 ME = "source-1"  # this cluster's name on the delegates it makes
@@ -153,25 +147,10 @@ class World:
         ``nodes``, attached as ``TargetsReconciler._attach`` does: its summary and delegates
         cached (the same informers, indexers and transform), then the registry told."""
         target = cluster or FakeCluster(name, FakeServer(name=name))
-        # Each its own address: FakeCluster's are all the same, and two connections to one
-        # address serving a namespace are one place to the scheduler (TargetConnection.same_place).
-        target.config = ClusterConfig(f"https://{name}.fake.invalid", None)
         target.server.add(CLUSTER_SUMMARIES, cluster_summary(*nodes))
         connection = TargetConnection("Target" if ns else "ClusterTarget", name, ns)
-        await self.registry.add(connection)
-        summaries = target.informer(CLUSTER_SUMMARIES, field_selector=SINGLETON)
-        delegates = target.informer(
-            PODS, ns, label_selector=DELEGATE_LABEL_SELECTOR, transform=slim_delegate
-        )
-        delegates.add_indexer(DELEGATE_INDEX, by_parent_uid)
-        delegates.add_indexer(REFERENCE_INDEX, by_reference)
-        connection.cluster, connection.summaries = target, summaries
-        connection.delegates, connection.identity = delegates, identity
-        target.start()  # the manager starts a cluster it is given
-        assert await target.wait_synced(2)
-        self.registry.connected(connection)
-        connection.set_ready(True, "Ready", "the target's ClusterSummary is current")
-        self.registry.changed(connection)
+        connection.identity = identity
+        await attach(self.registry, connection, target)
         self.targets[name], self.connections[name] = target, connection
         return connection
 

@@ -19,26 +19,19 @@ from multicluster.resources import EVENTS, PODS
 from multicluster.testing import FakeCluster, FakeServer
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.proxy import (
-    DELEGATE_LABEL_SELECTOR,
     delegate_pod,
-    slim_delegate,
     source_manifest,
 )
-from multicluster_scheduler.api.resources import CLUSTER_SUMMARIES
 from multicluster_scheduler.scheduler.controller import proxy_informer
-from multicluster_scheduler.targets.controller import SINGLETON
 from multicluster_scheduler.targets.delegates import DelegateLookup
 from multicluster_scheduler.targets.registry import (
-    DELEGATE_INDEX,
-    REFERENCE_INDEX,
     TargetConnection,
     TargetRegistry,
-    by_parent_uid,
-    by_reference,
 )
 from multicluster_scheduler.virtual_kubelet.pods import REFUSED_REASON, PodSync
 from multicluster_scheduler.webhook.mutation import mutation_patch
 from tests.webhook.json_patch import apply_patch
+from tests.worlds import attach
 
 ME = "cluster-1"  # this cluster's name, on the delegates it makes
 NS = "team-a"
@@ -158,26 +151,11 @@ class World:
         proxies (as the virtual kubelet does when a target is added); then Ready."""
         place = place or Place(name)
         self.places.append(place)
-        if named(place.server, keys.CLUSTER_SUMMARY_NAME, CLUSTER_SUMMARIES) is None:
-            place.server.add(CLUSTER_SUMMARIES, SUMMARY)
         connection = TargetConnection("Target", name, NS)
-        await self.registry.add(connection)
-        delegates = place.informer(
-            PODS, NS, label_selector=DELEGATE_LABEL_SELECTOR, transform=slim_delegate
-        )
-        delegates.add_indexer(DELEGATE_INDEX, by_parent_uid)
-        delegates.add_indexer(REFERENCE_INDEX, by_reference)
-        summaries = place.informer(CLUSTER_SUMMARIES, field_selector=SINGLETON)
-        summaries.add_handler(lambda *_: self.registry.changed(connection))
-        connection.cluster, connection.summaries = place, summaries
-        connection.delegates = delegates
-        self.registry.connected(connection)
+        await attach(self.registry, connection, place, synced=synced)
+        assert connection.summaries is not None
+        connection.summaries.add_handler(lambda *_: self.registry.changed(connection))
         self.pods.watch_node(connection.node_name)
-        place.start()
-        if synced:
-            assert await place.wait_synced(3)
-            connection.set_ready(True, "Ready", "the target's ClusterSummary is current")
-            self.registry.changed(connection)
         return connection
 
     async def proxy(self, name: str) -> dict:
