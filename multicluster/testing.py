@@ -71,7 +71,15 @@ from .kubetime import format_time
 from .readlimits import CacheBudget
 from .resources import PODS, Resource
 
-__all__ = ["MERGE_KEYS", "Action", "FakeClient", "FakeCluster", "FakeServer", "Reactor"]
+__all__ = [
+    "MERGE_KEYS",
+    "Action",
+    "FakeClient",
+    "FakeCluster",
+    "FakeServer",
+    "Reactor",
+    "merge_patch",
+]
 
 ADDED, MODIFIED, DELETED, BOOKMARK = "ADDED", "MODIFIED", "DELETED", "BOOKMARK"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
@@ -299,8 +307,9 @@ class _PatchFailed(Exception):
         self.status = status
 
 
-def _merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: maps merged, ``null`` deletes, anything else replaces."""
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies it: maps merged, ``null`` deletes,
+    anything else replaces (also for tests that check a patch without a server)."""
     if not isinstance(patch, dict):
         return patch
     result = dict(target) if isinstance(target, dict) else {}
@@ -308,7 +317,7 @@ def _merge_patch(target: Any, patch: Any) -> Any:
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = _merge_patch(result.get(key), value)
+            result[key] = merge_patch(result.get(key), value)
     return result
 
 
@@ -441,7 +450,7 @@ def _patched(resource: Resource, stored: dict, patch: Any, patch_type: PatchType
     elif not isinstance(patch, dict):
         raise _PatchFailed(400, f"a {patch_type} patch is an object")
     elif patch_type == "merge":
-        result = _merge_patch(_copy(stored), patch)
+        result = merge_patch(_copy(stored), patch)
     elif (
         patch_type == "apply"
         or resource.group in _BUILT_IN_GROUPS

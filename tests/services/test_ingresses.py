@@ -10,10 +10,10 @@ import re
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-from merge_patch import merge_patch
 
 from multicluster import Cluster, ClusterConfig
 from multicluster.informer import ADDED, DELETED, MODIFIED
+from multicluster.testing import merge_patch
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.copies import LAST_APPLIED, MANAGED_KEYS, finalizer_patch
 from multicluster_scheduler.api.ingresses import (

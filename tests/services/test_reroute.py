@@ -8,8 +8,8 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from merge_patch import merge_patch
 
+from multicluster.testing import merge_patch
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.copies import finalizer_patch
 from multicluster_scheduler.api.proxy import prefixed_labels

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from multicluster.testing import merge_patch
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.virtual_kubelet.status import (
     MIRRORED_STATUS,
@@ -17,19 +18,6 @@ from multicluster_scheduler.virtual_kubelet.status import (
 )
 
 STARTED = "2024-05-01T10:00:00Z"
-
-
-def merge(target, patch):
-    """RFC 7386 JSON merge patch, as the API server applies it."""
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge(result.get(key), value)
-    return result
 
 
 def pod(status: dict | None = None, annotations: dict | None = None) -> dict:
@@ -159,7 +147,7 @@ def test_a_pending_delegate_with_container_statuses_is_mirrored():
 def test_a_running_delegate_is_mirrored():
     patch = status_patch(pod(PROXY_PENDING), pod(RUNNING))
     assert patch == mirrored(RUNNING)
-    assert merge(PROXY_PENDING, patch) == {**RUNNING, "qosClass": "BestEffort"}
+    assert merge_patch(PROXY_PENDING, patch) == {**RUNNING, "qosClass": "BestEffort"}
 
 
 def test_a_proxy_without_status_gets_the_delegate_s():
@@ -220,7 +208,7 @@ def test_fields_removed_on_the_delegate_become_null():
         "message": None,
         "reason": None,
     }
-    assert merge(proxy, patch) == delegate
+    assert merge_patch(proxy, patch) == delegate
 
 
 def test_the_inputs_are_not_mutated():
@@ -250,8 +238,8 @@ def test_applying_the_patch_mirrors_the_delegate(have, want):
         assert not started or mirrored(have) == mirrored(want)
     else:
         assert set(patch) <= set(MIRRORED_STATUS)
-        assert mirrored(merge(have, patch)) == mirrored(want)
-        assert merge(have, patch).get("qosClass") == have.get("qosClass")
+        assert mirrored(merge_patch(have, patch)) == mirrored(want)
+        assert merge_patch(have, patch).get("qosClass") == have.get("qosClass")
 
 
 # annotation_patch
