@@ -87,6 +87,7 @@ REJECTED = "target(s) rejected the delegate"
 # other tenants' pods are placed meanwhile.
 MAX_CREATES_PER_OWNER = 8
 CREATE_TIMEOUT = 20.0
+WAKE_RECHECK = 1.0  # pods waiting for an owner's creates: its free slots looked at again
 RELEASE_RECHECK = 2.0  # a deleted pod's delegates still there: looked at again (events sooner)
 
 
@@ -194,9 +195,13 @@ class Scheduler:
         self._creating: Counter[str] = Counter()
         # Pods waiting for one of those creates to end, by owner, first come first served.
         self._waiting: dict[str, dict[Request, None]] = {}
+        self._wake_timers: dict[str, asyncio.TimerHandle] = {}
         # Creates and bindings under way, by virtual node: a target that goes waits for them.
         self._in_flight: Counter[str] = Counter()
         self._landed = asyncio.Condition()
+        # Pods bound that the cache does not show bound yet: not bound again meanwhile (a
+        # delegate's events would have each bound twice, the second refused with a Conflict).
+        self._bound: set[str] = set()
         self.proxies = proxy_informer(local)
         self.proxies.add_handler(self._track_spread)
         # Namespaces that opted in: only their proxy pods are placed.
@@ -228,9 +233,12 @@ class Scheduler:
     def _track_spread(self, event: str, pod: dict, _old: dict | None, _initial: bool) -> None:
         uid = pod["metadata"]["uid"]
         if event == DELETED or is_terminal(pod):
+            self._bound.discard(uid)
             self.spread.set(uid, None, None)
             return
         node = pod["spec"].get("nodeName")
+        if node is not None:
+            self._bound.discard(uid)
         if node is None and (placement := self.placements.get(uid)) is not None:
             node = placement.node
         self.spread.set(uid, controller_uid(pod), node)
@@ -318,15 +326,29 @@ class Scheduler:
 
     # -- bookkeeping --------------------------------------------------------------------------
 
-    def _wake_one(self, owner_key: str) -> None:
+    def _wake(self, owner_key: str) -> None:
+        """Queue as many pods waiting for ``owner_key``'s creates as it has slots free. A pod
+        woken may go to another owner's target, leaving its slot unused: while pods wait, this
+        looks again every ``WAKE_RECHECK`` seconds, so none waits for a create that never ends."""
         waiting = self._waiting.get(owner_key)
         if not waiting:
             return
-        request = next(iter(waiting))
-        del waiting[request]
+        for _ in range(MAX_CREATES_PER_OWNER - self._creating[owner_key]):
+            if not waiting:
+                break
+            request = next(iter(waiting))
+            del waiting[request]
+            self.controller.queue.add(request)
         if not waiting:
             del self._waiting[owner_key]
-        self.controller.queue.add(request)
+        elif owner_key not in self._wake_timers:
+            self._wake_timers[owner_key] = asyncio.get_running_loop().call_later(
+                WAKE_RECHECK, self._wake_again, owner_key
+            )
+
+    def _wake_again(self, owner_key: str) -> None:
+        del self._wake_timers[owner_key]
+        self._wake(owner_key)
 
     def _assume(self, uid: str, node: str, requests: dict[str, Fraction]) -> None:
         self._unassume(uid)
@@ -388,6 +410,8 @@ class Scheduler:
             self.unschedulable.discard(request)
             self._settle(uid)
             return None
+        if uid in self._bound and not is_deleting(proxy):
+            return None  # bound: its cache shows it soon
         if not (
             self.proxies.has_synced
             and self.enabled.has_synced
@@ -595,7 +619,7 @@ class Scheduler:
             return Result(requeue=True)
         finally:
             self._creating[owner_key] -= 1
-            self._wake_one(owner_key)
+            self._wake(owner_key)
         log.debug(
             "delegate created namespace=%s proxy=%s target=%s",
             namespace,
@@ -640,6 +664,7 @@ class Scheduler:
         except (NotFound, Conflict) as e:  # gone, or bound meanwhile: the cache will tell
             log.info("proxy not bound namespace=%s name=%s: %s", meta["namespace"], meta["name"], e)
             return
+        self._bound.add(meta["uid"])
         self._settle(meta["uid"])
         where = delegate["spec"].get("nodeName")
         self.events.emit(

@@ -360,6 +360,28 @@ async def test_a_delegate_scheduled_in_its_target_binds_the_proxy_to_its_virtual
     assert world.delegates("eu")[0]["metadata"]["name"] == delegate, "the delegate stays"
 
 
+async def test_a_proxy_is_bound_once_though_its_cache_shows_the_binding_late(
+    world: World,
+) -> None:
+    """Each event of its delegate (the target's kubelet writes several) reconciles the proxy
+    again; until the binding's own event arrives, the cache still shows it unbound, and it is
+    not bound again (the API server would refuse: one more request, a Conflict, for nothing)."""
+    await world.submit(elected("web", node_selector={"region": "eu"}))
+    await world.reconcile("web")
+    delegate = delegate_of(world, "web")
+    await world.seen("eu", delegate)
+    await world.bind_in_target("eu", delegate, "eu-1")
+    assert await world.reconcile("web") is None
+    proxy = world.proxy("web")
+    assert proxy is not None
+    assert proxy["spec"].get("nodeName") is None, "the cache has not seen the binding yet"
+    assert await world.reconcile("web") is None
+    bindings = [a for a in world.local.server.actions if a.subresource == "binding"]
+    assert [(a.verb, a.name) for a in bindings] == [("create", "web")]
+    await until(lambda: (world.proxy("web") or {})["spec"].get("nodeName"))
+    assert world.scheduler._bound == set(), "forgotten once the cache shows it bound"
+
+
 async def test_workers_bind_the_proxy_as_soon_as_its_target_schedules_the_delegate(
     world: World,
 ) -> None:

@@ -140,3 +140,29 @@ async def test_a_creation_that_takes_too_long_moves_the_pod_on(
     assert condition["message"] == (
         f"0/1 targets are available: 1 target(s) rejected the delegate. {why}"
     )
+
+
+async def test_a_pod_woken_for_a_slot_it_does_not_take_leaves_it_to_the_next(
+    make_world: Callable[..., Awaitable[World]],
+) -> None:
+    """The pod asked again when a create ends may no longer need a slot (deleted meanwhile, or
+    placed in another owner's target): the slot goes to the next pod waiting within a second,
+    not after the ``CREATE_TIMEOUT`` backstop."""
+    most = scheduler_module.MAX_CREATES_PER_OWNER
+    world = await make_world(namespaces=(EVIL,), workers=most + 2)
+    target = SilentCluster("evil")
+    silent = target.silent
+    await world.connect("evil", node("evil-1", cpu="100"), ns=EVIL, cluster=target)
+    world.run_workers()
+    names = [f"m{i}" for i in range(most + 3)]
+    for name in names:
+        await world.submit(elected(name, EVIL))
+    await until(lambda: len(silent.stalled) == most)
+    await asyncio.sleep(0.05)
+    first_waiting = names[most]
+    await world.local.client.delete(PODS, first_waiting, EVIL)  # it needs no slot any more
+    gone_or_going = world.proxy(first_waiting, EVIL)
+    await until(lambda: world.proxy(first_waiting, EVIL) is not gone_or_going)
+    silent.answer()
+    await until(lambda: len(silent.asked) == most + 1, timeout=3.0)
+    assert silent.asked[most] == delegate_of(world, names[most + 1], EVIL)
