@@ -9,10 +9,19 @@ GOALS = {
     "ratio": 1.3,
     "placement_per_s": 200,
     "fraction_of_ceiling": 0.5,
+    "machine_cpu_elected_over_native": 2.3,
+    "agent_cpu_ms_per_elected_pod": 2.5,
+    "source_writes_over_native": 2,
+    "target_writes_over_native": 1,
     "webhook_p99_ms": 5.0,
-    "rss_mb": 200,
+    "rss_mb": 150,
+    "webhook_process_rss_mb": 60,
     "restart_s": 5.0,
     "target_ready_s": 5.0,
+    "many_targets_ready_s": 10.0,
+    "many_targets_idle_cpu_percent": 2.0,
+    "many_targets_rss_mb": 250,
+    "many_targets_placement_loss": 0.2,
 }
 ERROR_LINE = re.compile(r" (ERROR|CRITICAL) |^Traceback ")
 
@@ -120,6 +129,26 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     "",
                 )
             )
+            times = cpu["elected"]["machine"] / cpu["native"]["machine"]
+            goal = GOALS["machine_cpu_elected_over_native"]
+            out.append(
+                (
+                    "machine CPU per elected pod / native",
+                    f"{times:.2f}",
+                    f"≤ {goal}",
+                    _verdict(times <= goal),
+                )
+            )
+            agent = cpu["elected"]["agent"]
+            goal = GOALS["agent_cpu_ms_per_elected_pod"]
+            out.append(
+                (
+                    "agent CPU per elected pod (ms; every agent, with its webhook process)",
+                    f"{agent:.2f}",
+                    f"≤ {goal}",
+                    _verdict(agent <= goal),
+                )
+            )
     if webhook := results.get("webhook"):
         intended = webhook["latency_ms"]["intended"]
         service = webhook["latency_ms"]["service"]
@@ -151,6 +180,8 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     "",
                 )
             )
+    if writes := results.get("writes"):
+        out += _writes_rows(writes)
     if targets := results.get("targets"):
         worst = targets["max_s"]
         out.append(
@@ -182,8 +213,11 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                     if "webhook_process_peak_rss_mb" in agent
                     else ")"
                 ),
-                f"≤ {GOALS['rss_mb']}",
-                _verdict(agent["peak_rss_mb"] <= GOALS["rss_mb"]),
+                f"≤ {GOALS['rss_mb']}; webhook process ≤ {GOALS['webhook_process_rss_mb']}",
+                _verdict(
+                    agent["peak_rss_mb"] <= GOALS["rss_mb"]
+                    and agent.get("webhook_process_rss_mb", 0) <= GOALS["webhook_process_rss_mb"]
+                ),
             )
         )
         out.append(
@@ -206,6 +240,117 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
             out.append(
                 ("agent RSS right after that restart (MB)", f"{restart['rss_mb']:.0f}", "", "")
             )
+    if growth := results.get("growth"):
+        out += _growth_rows(growth)
+    return out
+
+
+def _writes_rows(writes: dict) -> list[tuple[str, str, str, str]]:
+    source = writes["source_pod_writes"]
+    target = writes["target_pod_writes"]
+    events = writes["event_writes"]
+    source_goal = source["native"] + GOALS["source_writes_over_native"]
+    # A native pod's writes in a cluster (creation, binding, status, deletion) are what a
+    # delegate's are bound to equal.
+    target_goal = source["native"] + GOALS["target_writes_over_native"]
+    return [
+        (
+            f"writes to the source API server per pod, native / elected ({writes['pods']} pods)",
+            f"{source['native']:.2f} / {source['elected']:.2f}",
+            f"elected ≤ native + {GOALS['source_writes_over_native']}",
+            _verdict(source["elected"] <= source_goal),
+        ),
+        (
+            "writes to the target API server per delegate",
+            f"{target:.2f}",
+            f"≤ native + {GOALS['target_writes_over_native']}",
+            _verdict(target <= target_goal),
+        ),
+        (
+            "event writes per pod: native / elected in the source / in the target",
+            f"{events['native']:.2f} / {events['source']:.2f} / {events['target']:.2f}",
+            "",
+            "",
+        ),
+    ]
+
+
+def _growth_rows(growth: dict) -> list[tuple[str, str, str, str]]:
+    out = []
+    steps = {row["targets"]: row for row in growth["target_steps"]}
+    top = steps[max(steps)]
+    n = top["targets"]
+    every = growth["ready_all_targets"]
+    goal = GOALS["many_targets_ready_s"]
+    out.append(
+        (
+            f"{n} targets: each Target created → its virtual node Ready (p50 / max, s)",
+            f"{every['p50_s']:.2f} / {every['max_s']:.2f}",
+            f"≤ {goal}",
+            _verdict(every["max_s"] <= goal),
+        )
+    )
+    idle = top["idle_cpu_percent"]
+    goal = GOALS["many_targets_idle_cpu_percent"]
+    out.append(
+        (
+            f"{n} targets: source agent at rest ({idle['seconds']:.0f} s, % of a core)",
+            f"{idle['source_agent']:.1f}",
+            f"≤ {goal}",
+            _verdict(idle["source_agent"] <= goal),
+        )
+    )
+    if 10 in steps and n != 10:
+        ten, many = steps[10]["burst"]["bound_per_s"], top["burst"]["bound_per_s"]
+        floor = (1 - GOALS["many_targets_placement_loss"]) * ten
+        out.append(
+            (
+                f"placement with {n} / with 10 targets, {top['burst']['pods']} pods "
+                "(proxies bound/s)",
+                f"{many:.0f} / {ten:.0f}",
+                f"≥ {floor:.0f} (at most {100 * GOALS['many_targets_placement_loss']:.0f} % below)",
+                _verdict(many >= floor),
+            )
+        )
+    by_pods = {row["pods"]: row for row in growth["pod_steps"]}
+    if 10_000 in by_pods:
+        row = by_pods[10_000]
+        goal = GOALS["many_targets_rss_mb"]
+        out.append(
+            (
+                f"{row['targets']} targets, 10000 pods: agent RSS (MB; its webhook process)",
+                f"{row['rss_mb']:.0f} ({row['webhook_rss_mb']:.0f})",
+                f"≤ {goal}",
+                _verdict(row["rss_mb"] <= goal),
+            )
+        )
+    for row in growth["target_steps"]:
+        burst = row["burst"]
+        out.append(
+            (
+                f"growth, {row['targets']} targets: Ready p50/max (s); at rest (%); "
+                f"{burst['pods']} pods: bound/s, agent ms/pod, RSS (MB)",
+                f"{row['ready']['p50_s']:.2f}/{row['ready']['max_s']:.2f}; "
+                f"{row['idle_cpu_percent']['source_agent']:.1f}; "
+                f"{burst['bound_per_s']:.0f}, {burst['cpu_ms_per_pod']['source_agent']:.2f}, "
+                f"{burst['rss_mb']:.0f}",
+                "",
+                "",
+            )
+        )
+    for row in growth["pod_steps"]:
+        added = row["added"]
+        out.append(
+            (
+                f"growth, {row['pods']} pods over {row['targets']} targets: bound/s, agent "
+                "ms/pod (of those added); RSS (MB); at rest (%); one more Target → Ready (s)",
+                f"{added['bound_per_s']:.0f}, {added['cpu_ms_per_pod']['source_agent']:.2f}; "
+                f"{row['rss_mb']:.0f}; {row['idle_cpu_percent']['source_agent']:.1f}; "
+                f"{row['probe_ready']['p50_s']:.2f}",
+                "",
+                "",
+            )
+        )
     return out
 
 
