@@ -1,7 +1,11 @@
 """One loop per target owns its virtual node: creates it, renews its Lease every 10 s (so the
 controller manager never declares it unreachable while the agent runs), writes its status when
 the target's readiness or summary changes and at least every minute, and deletes it when the
-target goes. Being the only writer of the node's status, it never fights another."""
+target goes. Being the only writer of the node's status, it never fights another.
+
+A change of the target's summary wakes the loop, but renews no Lease that is not due: with
+dozens of Targets reaching one cluster, each change of its summary would otherwise be a Lease
+write per Target."""
 
 from __future__ import annotations
 
@@ -69,6 +73,7 @@ class NodeLoop:
         self.status_interval = status_interval
         self._node: dict | None = None
         self._lease: dict | None = None
+        self._lease_renewed = 0.0  # time.monotonic() of the last renewal
         self._status_written = 0.0
 
     async def run(self) -> None:
@@ -80,8 +85,19 @@ class NodeLoop:
             except ApiError as e:
                 log.warning("virtual node sync failed node=%s error=%s", self.name, e)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.connection.changed.wait(), self.lease_interval)
+                await asyncio.wait_for(self.connection.changed.wait(), self._until_renewal())
             self.connection.changed.clear()
+
+    def _until_renewal(self) -> float:
+        """Seconds until the Lease is due (a tenth of the interval at least: a renewal that
+        failed is tried again soon, not at once)."""
+        due = self._lease_renewed + self.lease_interval - time.monotonic()
+        return min(self.lease_interval, max(self.lease_interval / 10, due))
+
+    def _lease_due(self) -> bool:
+        return self._lease is None or (
+            time.monotonic() - self._lease_renewed >= self.lease_interval
+        )
 
     def _gone(self) -> bool:
         """Whether the node was deleted behind our back, as the cache of nodes says."""
@@ -126,7 +142,8 @@ class NodeLoop:
             self._node = await self.client.patch(
                 NODES, self.name, {"metadata": patch}, patch_type="strategic"
             )
-        await self._renew_lease(meta["uid"])
+        if self._lease_due():
+            await self._renew_lease(meta["uid"])
         desired = node_status(
             summary,
             self.connection.ready,
@@ -176,10 +193,12 @@ class NodeLoop:
                     "spec": spec,
                 }
                 self._lease = await self.client.create(LEASES, body, LEASE_NAMESPACE)
+                self._lease_renewed = time.monotonic()
                 return
         self._lease["spec"] = {**(self._lease.get("spec") or {}), **spec}
         try:
             self._lease = await self.client.update(LEASES, self._lease)
+            self._lease_renewed = time.monotonic()
         except Conflict:
             self._lease = None  # read it again next time
         except NotFound:  # gone with its node, maybe: both are read again next time

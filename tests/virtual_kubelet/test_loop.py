@@ -237,6 +237,25 @@ async def test_the_lease_is_renewed_unasked(world: Kubelets) -> None:
         await loop.stop()
 
 
+async def test_a_change_of_the_target_renews_no_lease_that_is_not_due(world: Kubelets) -> None:
+    """With dozens of Targets reaching one cluster, each change of its summary would otherwise
+    be a Lease write per Target."""
+    loop = Loop(world, lease_interval=30.0)
+    try:
+        await until(lambda: named(world.api, loop.name, LEASES) is not None, what="a Lease")
+        first = named(world.api, loop.name, LEASES)
+        assert first is not None
+        for _ in range(10):
+            loop.connection.changed.set()
+            await asyncio.sleep(0.02)
+        lease = named(world.api, loop.name, LEASES)
+        assert lease is not None
+        assert lease["spec"]["renewTime"] == first["spec"]["renewTime"]
+        assert lease["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    finally:
+        await loop.stop()
+
+
 @pytest.mark.parametrize(
     "status_interval",
     [
