@@ -18,7 +18,8 @@ from .bed import (
     SOURCE,
     BenchBed,
     PodTimes,
-    children,
+    agent_processes,
+    agent_stats,
     deployment,
     process_stats,
     sustained_rate,
@@ -93,7 +94,7 @@ async def wait_restart(
             return {
                 "seconds": round(time.monotonic() - started, 2),
                 "cached_pods": cached_pods(samples),
-                **{k: v for k, v in process_stats(agent.pid).items()},
+                **{k: v for k, v in process_stats(agent_processes(agent.pid)[0]).items()},
             }
         if time.monotonic() > deadline:
             raise TimeoutError(f"agent not synced after restart: {cached_pods(samples)}")
@@ -115,7 +116,7 @@ async def run(bed: BenchBed, pods: int) -> dict:
             )
     targets = sum(len(c) for c in LAYOUT.values())
     agent = bed.installation.agents[SOURCE][0]
-    before = process_stats(agent.pid)
+    before = agent_stats(agent.pid)
     shares = [pods // len(LAYOUT)] * len(LAYOUT)
     shares[0] += pods - sum(shares)
     watchers = [PodTimes(bed.clusters[SOURCE], ns) for ns in LAYOUT]
@@ -144,17 +145,15 @@ async def run(bed: BenchBed, pods: int) -> dict:
     finally:
         for watcher in watchers:
             await watcher.__aexit__(None, None, None)
-    after = process_stats(agent.pid)
+    after = agent_stats(agent.pid)
     delegates = {c: 0 for c in TARGET_NAMES}
     for namespace in LAYOUT:
         for cluster, count in (await bed.count_delegates(namespace)).items():
             delegates[cluster] += count
     await asyncio.sleep(IDLE_SECONDS)
-    idle = process_stats(agent.pid)
+    idle = agent_stats(agent.pid)
     samples = await asyncio.to_thread(metrics, bed.installation.health_ports[SOURCE][0])
-    webhook = [process_stats(child) for child in children(agent.pid)]
-    webhook_rss = sum(stats["rss"] for stats in webhook)
-    webhook_peak = sum(stats["peak_rss"] for stats in webhook)
+    webhook_rss, webhook_peak = idle["children_rss"], idle["children_peak_rss"]
     result = {
         "targets": targets,
         "pods": pods,
