@@ -1,10 +1,12 @@
 """``python -m e2e.bench``: every benchmark of docs/performance.md, in one run.
 
-    python -m e2e.bench [--only rollout,placement,webhook,targets,scale] [--out DIR] [--quick]
+    python -m e2e.bench [--only rollout,placement,webhook,writes,targets,scale,growth]
+                        [--out DIR] [--quick]
 
 Starts three clusters on this machine (see ``bed``), installs the chart in each, runs the
 benchmarks in order and writes ``DIR/results.json`` and ``DIR/results.md`` (default
-``bench-results/``). ``--quick`` runs everything at small sizes (a smoke test, not figures).
+``bench-results/``), and the growth benchmark's plots as PNG files (with the optional ``bench``
+extra: matplotlib). ``--quick`` runs everything at small sizes (a smoke test, not figures).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from . import report
 from .bed import BenchBed, dump, machine, versions
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("rollout", "placement", "webhook", "targets", "scale")
+BENCHMARKS = ("rollout", "placement", "webhook", "writes", "targets", "scale", "growth")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in text.split(",") if n.strip())
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -37,6 +43,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--webhook-rate", type=float, default=500.0)
     parser.add_argument("--webhook-seconds", type=float, help="default 30")
     parser.add_argument("--scale-pods", type=int, help="elected pods at scale (default 10000)")
+    parser.add_argument("--writes-pods", type=int, help="pods per writes run (default 1000)")
+    parser.add_argument(
+        "--growth-targets", type=_sizes, help="growth: target counts (default 1,10,50,100)"
+    )
+    parser.add_argument(
+        "--growth-pods", type=_sizes, help="growth: pod counts (default 1000,5000,10000,20000)"
+    )
+    parser.add_argument(
+        "--growth-burst", type=int, help="growth: pods placed at each target count (default 1000)"
+    )
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -50,10 +66,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.burst = args.burst or (60 if quick else 2000)
     args.webhook_seconds = args.webhook_seconds or (3 if quick else 30)
     args.scale_pods = args.scale_pods or (100 if quick else 10_000)
+    args.writes_pods = args.writes_pods or (60 if quick else 1000)
+    args.growth_targets = args.growth_targets or ((1, 4) if quick else (1, 10, 50, 100))
+    args.growth_pods = args.growth_pods or ((40, 80) if quick else (1000, 5000, 10_000, 20_000))
+    args.growth_burst = args.growth_burst or (30 if quick else 1000)
+    args.growth_idle_s = 3.0 if quick else 20.0
     args.only = [b.strip() for b in args.only.split(",") if b.strip()]
     py_spy = Path(sys.executable).with_name("py-spy")
     if args.profile and not py_spy.exists():
-        parser.error(f"--profile needs py-spy next to {sys.executable}: pip install py-spy")
+        parser.error(f"--profile needs py-spy next to {sys.executable}: pip install -e '.[bench]'")
     unknown = set(args.only) - set(BENCHMARKS)
     if unknown:
         parser.error(f"unknown benchmarks {sorted(unknown)}: choose from {', '.join(BENCHMARKS)}")
@@ -79,10 +100,26 @@ async def run(bed: BenchBed, args: argparse.Namespace, results: dict) -> None:
             )
         if {"rollout", "placement"} & set(args.only):
             await targets.disconnect_cluster_targets(bed)
+        if "writes" in args.only:
+            from . import writes
+
+            results["writes"] = await writes.run(bed, args.writes_pods)
         if "targets" in args.only:
             results["targets"] = await targets.time_to_ready(bed, 3 if args.quick else 10)
         if "scale" in args.only:
             results["scale"] = await scale.run(bed, args.scale_pods)
+        if "growth" in args.only:
+            from . import growth
+
+            results["growth"] = {}
+            await growth.run(
+                bed,
+                results["growth"],
+                args.growth_targets,
+                args.growth_pods,
+                args.growth_burst,
+                args.growth_idle_s,
+            )
     finally:
         await bed.close()
 
@@ -121,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             results["agent_errors"] = report.agent_errors(bed)
             dump(args.out / "results.json", results)
             (args.out / "results.md").write_text(report.markdown(results))
+            if (results.get("growth") or {}).get("target_steps"):
+                from . import plots
+
+                plots.write(results, args.out)
             save_logs(bed, args.out / "logs")
             if args.keep:
                 print(f"clusters left running: KUBECONFIG={bed.kubeconfig}", file=sys.stderr)
