@@ -240,7 +240,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
             out.append(
                 ("agent RSS right after that restart (MB)", f"{restart['rss_mb']:.0f}", "", "")
             )
-    if growth := results.get("growth"):
+    if (growth := results.get("growth")) and growth.get("target_steps"):
         out += _growth_rows(growth)
     return out
 
