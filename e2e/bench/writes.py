@@ -6,6 +6,11 @@ told apart), each from creation to Running and Ready and then deleted by a clien
 ReplicaSet scaling down does. Every cluster's ``apiserver_request_total`` is read before, once
 all are Running, and once all are gone; the difference, per pod, by verb and resource, with
 events and everything else (leases, nodes, summaries) reported apart from pods.
+
+The CPU every component spends per pod over its whole life is taken in the same phases, less
+what it spends at rest (its rate over ``IDLE_S`` seconds just before, times each phase's
+length): three control planes idle cost a sizable share of a CPU, which would otherwise count
+against whichever workload takes longer.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .rollout import CONCURRENCY, create_pods
 TARGET = "cluster2"
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY"}
 SETTLE_S = 3.0
+IDLE_S = 5.0
 _SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -99,6 +105,33 @@ async def _gone(bed: BenchBed, namespace: str, timeout: float) -> None:
             await asyncio.sleep(0.5)
 
 
+def over_idle(
+    before: dict[str, float],
+    after: dict[str, float],
+    seconds: float,
+    idle: dict[str, float],
+    pods: int,
+) -> dict[str, float]:
+    """Milliseconds of CPU per pod by component between two snapshots ``seconds`` apart, less
+    each component's ``idle`` rate (CPU seconds per second) over that time; never below 0."""
+    return {
+        kind: round(
+            max(0.0, 1000 * (after[kind] - before.get(kind, 0.0) - idle.get(kind, 0.0) * seconds))
+            / pods,
+            2,
+        )
+        for kind in sorted(after)
+    }
+
+
+async def idle_rates(bed: BenchBed, seconds: float = IDLE_S) -> dict[str, float]:
+    """CPU seconds per second each component spends now, at rest."""
+    before = cpu_snapshot(bed)
+    await asyncio.sleep(seconds)
+    after = cpu_snapshot(bed)
+    return {kind: (after[kind] - before.get(kind, 0.0)) / seconds for kind in after}
+
+
 async def lifecycle(bed: BenchBed, namespace: str, count: int, *, elect: bool) -> dict:
     """``count`` pods created, Running, deleted and gone; requests per pod in each phase."""
     source = bed.clusters[SOURCE]
@@ -115,6 +148,7 @@ async def lifecycle(bed: BenchBed, namespace: str, count: int, *, elect: bool) -
                 return (times.proxies if elect else set(times.created)) & set(times.running)
 
             await asyncio.sleep(SETTLE_S)
+            idle = await idle_rates(bed)
             start, cpu_start = await snapshot(bed), cpu_snapshot(bed)
             started = time.monotonic()
             await create_pods(source.client, namespace, [pod(n, elect=elect) for n in names])
@@ -122,18 +156,27 @@ async def lifecycle(bed: BenchBed, namespace: str, count: int, *, elect: bool) -
             running_s = time.monotonic() - started
             await asyncio.sleep(SETTLE_S)
             running, cpu_running = await snapshot(bed), cpu_snapshot(bed)
+            running_at = time.monotonic()
             delegates = await bed.count_delegates(namespace) if elect else {}
             await _delete_all(source, namespace, names)
             await _gone(bed, namespace, 600)
             await asyncio.sleep(SETTLE_S)
             end, cpu_end = await snapshot(bed), cpu_snapshot(bed)
+            ended_at = time.monotonic()
+        life = over_idle(cpu_start, cpu_end, ended_at - started, idle, count)
         result: dict = {
             "pods": count,
             "running_s": round(running_s, 2),
             "delegates": delegates,
+            "idle_cpu_percent": {kind: round(100 * rate, 1) for kind, rate in idle.items()},
             "cpu_ms_per_pod": {
                 "to_running": cpu_used(cpu_start, cpu_running, count),
                 "deletion": cpu_used(cpu_running, cpu_end, count),
+            },
+            "cpu_ms_per_pod_over_idle": {
+                "to_running": over_idle(cpu_start, cpu_running, running_at - started, idle, count),
+                "deletion": over_idle(cpu_running, cpu_end, ended_at - running_at, idle, count),
+                "life": life,
             },
         }
         clusters = (SOURCE, TARGET) if elect else (SOURCE,)
@@ -158,8 +201,16 @@ async def run(bed: BenchBed, count: int) -> dict:
     print(f"  writes native: {native}", flush=True)
     elected = await lifecycle(bed, "writes-elected", count, elect=True)
     print(f"  writes elected: {elected}", flush=True)
+    native_life = native["cpu_ms_per_pod_over_idle"]["life"]
+    elected_life = elected["cpu_ms_per_pod_over_idle"]["life"]
     return {
         "pods": count,
+        "machine_cpu_ms_per_pod": {
+            "native": native_life["machine"],
+            "elected": elected_life["machine"],
+            "ratio": round(elected_life["machine"] / max(native_life["machine"], 1e-9), 2),
+        },
+        "agent_cpu_ms_per_pod": elected_life.get("agent", 0.0),
         "native": native,
         "elected": elected,
         "source_pod_writes": {"native": total(native, SOURCE), "elected": total(elected, SOURCE)},
