@@ -129,21 +129,24 @@ def share_strings(obj: Any, longest: int = 64) -> Any:
 
 
 class Store:
-    """Objects by key, plus indexes (index name → value → keys)."""
+    """Objects by key, plus indexes (index name → value → keys).
+
+    An index value that one object has (a uid, say: most of them) maps to that object's key
+    itself, not to a set of one: 10,000 sets of one key cost 2 MB."""
 
     def __init__(self) -> None:
         self._items: dict[str, dict] = {}
         self._indexers: dict[str, IndexFunc] = {"namespace": index_by_namespace}
-        self._indexes: dict[str, dict[str, set[str]]] = {"namespace": {}}
+        self._indexes: dict[str, dict[str, str | set[str]]] = {"namespace": {}}
 
     def add_indexer(self, name: str, func: IndexFunc) -> None:
         if name in self._indexers:
             return
         self._indexers[name] = func
-        index: dict[str, set[str]] = {}
+        index: dict[str, str | set[str]] = {}
         for key, obj in self._items.items():
             for value in func(obj):
-                index.setdefault(value, set()).add(key)
+                self._add(index, value, key)
         self._indexes[name] = index
 
     def __len__(self) -> int:
@@ -165,6 +168,8 @@ class Store:
 
     def by_index(self, index: str, value: str) -> builtins.list[dict]:
         keys = self._indexes[index].get(value, ())
+        if isinstance(keys, str):
+            return [self._items[keys]]
         return [self._items[k] for k in keys]
 
     def put(self, key: str, obj: dict) -> dict | None:
@@ -179,7 +184,7 @@ class Store:
             for value in old_values - new_values:
                 self._discard(index, value, key)
             for value in new_values - old_values:
-                index.setdefault(value, set()).add(key)
+                self._add(index, value, key)
         return old
 
     def delete(self, key: str) -> dict | None:
@@ -191,12 +196,30 @@ class Store:
         return old
 
     @staticmethod
-    def _discard(index: dict[str, set[str]], value: str, key: str) -> None:
+    def _add(index: dict[str, str | set[str]], value: str, key: str) -> None:
         keys = index.get(value)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
+        if keys is None:
+            index[value] = key
+        elif isinstance(keys, str):
+            if keys != key:
+                index[value] = {keys, key}
+        else:
+            keys.add(key)
+
+    @staticmethod
+    def _discard(index: dict[str, str | set[str]], value: str, key: str) -> None:
+        keys = index.get(value)
+        if keys is None:
+            return
+        if isinstance(keys, str):
+            if keys == key:
                 del index[value]
+            return
+        keys.discard(key)
+        if len(keys) == 1:
+            index[value] = next(iter(keys))
+        elif not keys:
+            del index[value]
 
 
 @dataclass(frozen=True)

@@ -110,3 +110,27 @@ def test_share_strings_makes_equal_strings_one_object_and_keeps_the_value():
     assert first == orjson.loads(raw)
     assert first["a"]["phase"] is second["a"]["phase"]
     assert first["a"]["list"][1]["x"] is second["a"]["list"][0]
+
+
+def test_an_index_value_of_one_object_or_of_several_finds_them_all():
+    store = Store()
+    store.add_indexer("uid", lambda o: [o["metadata"]["uid"]])
+    store.put("default/a", pod("a", uid="u1"))
+    store.put("default/b", pod("b", uid="u1"))
+    store.put("default/c", pod("c", uid="u2"))
+    assert sorted(o["metadata"]["name"] for o in store.by_index("uid", "u1")) == ["a", "b"]
+    assert [o["metadata"]["name"] for o in store.by_index("uid", "u2")] == ["c"]
+    store.put("default/a", pod("a", uid="u1", rv="2"))  # unchanged values: nothing moves
+    store.delete("default/b")
+    assert [o["metadata"]["name"] for o in store.by_index("uid", "u1")] == ["a"]
+    store.put("default/c", pod("c", uid="u1"))
+    store.put("default/c", pod("c", uid="u1"))
+    assert sorted(o["metadata"]["name"] for o in store.by_index("uid", "u1")) == ["a", "c"]
+    assert store.by_index("uid", "u2") == []
+    store.delete("default/a")
+    store.delete("default/c")
+    store.delete("default/c")
+    assert store.by_index("uid", "u1") == []
+    store.put("default/d", pod("d", uid="u3"))
+    store.add_indexer("again", lambda o: [o["metadata"]["uid"]])
+    assert [o["metadata"]["name"] for o in store.by_index("again", "u3")] == ["d"]
