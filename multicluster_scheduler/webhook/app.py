@@ -116,14 +116,15 @@ def answer_review(body: bytes) -> tuple[str, dict]:
 Count = Callable[[str], None]
 
 
-def smaller_tls_buffers() -> None:
+def smaller_tls_buffers(size: int = 64 * 1024) -> None:
     """asyncio gives every TLS connection a 256 KiB read buffer: an agent holding a watch per
     informer on each of ten clusters, or a webhook the API server opens hundreds of connections
-    to during a burst, pays tens of MiB for it. 64 KiB reads keep lists fast. (Call it once,
-    at the start of a process.)"""
+    to during a burst, pays tens of MiB for it. 64 KiB reads keep lists fast; the webhook's
+    process, whose requests are a pod each, reads 16 KiB at a time (a TLS record at most).
+    (Call it once, at the start of a process.)"""
     protocol = asyncio.sslproto.SSLProtocol
-    if getattr(protocol, "max_size", 0) > 64 * 1024:
-        protocol.max_size = 64 * 1024
+    if getattr(protocol, "max_size", 0) > size:
+        protocol.max_size = size
 
 
 def create_app(count: Count) -> Callable:

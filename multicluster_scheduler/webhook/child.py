@@ -2,7 +2,8 @@
 
 Started by the agent (``server.WebhookProcess``), never by hand. It serves the webhook on its own
 event loop, so admissions never wait behind the agent's controllers; counts its answers in a
-small memory-mapped file the agent exports as metrics; prints ``started`` once it listens; reads
+small memory-mapped file the agent exports as metrics; gives its heap back to the system after
+bursts of connections (``heap``); prints ``started`` once it listens; reads
 ``{"reload": [CERT, KEY]}`` lines (JSON) on stdin; and exits when stdin closes (the agent
 stops: requests in flight are answered first). If the agent dies at once (killed, out of
 memory), so does the child, on Linux, as the two would in one container: a webhook whose agent
@@ -23,9 +24,11 @@ import signal
 import sys
 from pathlib import Path
 
+from multicluster_scheduler.webhook import heap
 from multicluster_scheduler.webhook.app import RESULTS, WebhookServer, smaller_tls_buffers
 
 log = logging.getLogger("multicluster_scheduler.webhook.server")
+TLS_READ_SIZE = 16 * 1024  # per connection, of which the API server opens hundreds in a burst
 
 
 async def serve(args: argparse.Namespace, counts: memoryview) -> None:
@@ -58,10 +61,16 @@ async def serve(args: argparse.Namespace, counts: memoryview) -> None:
             server.server.should_exit = True  # the agent is gone, or stopping
 
     listening = asyncio.create_task(control())
+    malloc = heap.glibc_heap()
+    trimming = None
+    if malloc is not None:
+        trimming = asyncio.create_task(heap.trim_after_bursts(malloc.trim, malloc.in_use))
     try:
         await server.serve()
     finally:
         listening.cancel()
+        if trimming is not None:
+            trimming.cancel()
 
 
 PR_SET_PDEATHSIG = 1
@@ -94,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    smaller_tls_buffers()
+    smaller_tls_buffers(TLS_READ_SIZE)
     counts = memoryview(mmap.mmap(args.counts_fd, 8 * len(RESULTS))).cast("Q")
     asyncio.run(serve(args, counts))
     return 0
