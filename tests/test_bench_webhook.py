@@ -1,17 +1,21 @@
 """The webhook benchmark: nearest-rank percentiles, realistic reviews and how answers are judged,
-kube-apiserver's webhook histogram, and a short run against the real server over TLS."""
+kube-apiserver's webhook histogram, and short runs against the real server over TLS (steady,
+and in bursts over connections kept as kube-apiserver keeps them)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
 from pathlib import Path
 
 import orjson
 import pytest
 
 from e2e.bench.webhook import (
+    API_SERVER_IDLE,
     apiserver_webhook_histogram,
+    bursts,
     fraction_within,
     latency_summary,
     measure,
@@ -181,3 +185,32 @@ async def test_a_short_run_against_the_real_server_over_tls(tmp_path: Path):
     for delays in (result["lag_ms"], result["queued_ms"]):
         assert 0 <= delays["p50"] <= delays["max"]
     assert ", 0 errors;" in summary_line(result)
+
+
+async def test_bursts_open_a_connection_per_admission_in_flight_and_keep_25(tmp_path: Path):
+    ca = new_ca("bench-ca")
+    new_serving_certificate(ca, ["127.0.0.1"]).write(tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = WebhookServer("127.0.0.1", 0, tmp_path / "tls.crt", tmp_path / "tls.key")
+    serving_task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                await asyncio.sleep(0.02)
+        port = server.server.servers[0].sockets[0].getsockname()[1]
+        result = await bursts(
+            f"https://127.0.0.1:{port}/mutate",
+            ca.cert_pem,
+            total=90,
+            size=30,
+            pause=0,
+            settle=0,
+            pid=os.getpid(),
+        )
+    finally:
+        server.server.should_exit = True
+        await serving_task
+    assert result["admissions"] == 90
+    assert result["errors"] == 0, result["error_reasons"]
+    assert result["most_open"] == 30
+    assert result["opened"] == 30 + 2 * (30 - API_SERVER_IDLE)
+    assert 0 < result["rss_start_mb"] <= result["rss_highest_mb"]

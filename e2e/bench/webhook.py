@@ -22,6 +22,11 @@ when the server falls behind). A large lag means the figures say more about the 
 about the webhook. The warm-up (TLS handshakes, first calls) is left out of the statistics, and
 the bodies are made before the clock starts.
 
+``--bursts SIZE`` sends ``--total`` admissions instead in bursts of SIZE at once, over
+connections kept as kube-apiserver keeps them (a new one per admission in flight, 25 kept idle),
+and reports how many were opened and, with ``--pid``, the webhook process's RSS: what bulk pod
+creations cost its memory.
+
 Run the generator in a process of its own (``run_in_subprocess``) so that its CPU use does not
 share an event loop with the caller. ``apiserver_webhook_histogram`` reads the same latency as
 kube-apiserver measures it, from its ``/metrics``, to cross-check.
@@ -36,11 +41,13 @@ import binascii
 import datetime as dt
 import json
 import math
+import os
 import re
 import ssl
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -391,6 +398,149 @@ async def measure(
     }
 
 
+API_SERVER_IDLE = 25  # client-go's MaxIdleConnsPerHost: idle connections kept per webhook
+
+
+class _ApiServerConnections:
+    """Connections to a webhook as kube-apiserver keeps them: HTTP/1.1 (it asks webhooks for
+    nothing else), a new connection for a request when none is idle, so one per admission in
+    flight, and at most ``API_SERVER_IDLE`` kept once their request is answered."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext) -> None:
+        self.host, self.port, self.context = host, port, context
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.opened = self.open = self.most_open = 0
+
+    async def take(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        while self.idle:
+            reader, writer = self.idle.pop()
+            if not writer.is_closing() and not reader.at_eof():  # the server closes idle ones
+                return reader, writer
+            self.close(writer)
+        connection = await asyncio.open_connection(self.host, self.port, ssl=self.context)
+        self.opened += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        return connection
+
+    def give_back(self, connection: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        if len(self.idle) < API_SERVER_IDLE:
+            self.idle.append(connection)
+        else:
+            self.close(connection[1])
+
+    def close(self, writer: asyncio.StreamWriter) -> None:
+        self.open -= 1
+        writer.close()
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """One request on a kept connection; on a fresh one if the kept one was closed."""
+        head = (
+            f"POST {path}?timeout={REQUEST_TIMEOUT:.0f}s HTTP/1.1\r\nHost: {self.host}\r\n"
+            "Content-Type: application/json\r\nAccept: application/json, */*\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        for attempt in range(2):
+            reader, writer = await self.take()
+            try:
+                writer.write(head + body)
+                status = int((await reader.readuntil(b"\r\n")).split()[1])
+                length = 0
+                while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                answer = await reader.readexactly(length)
+            except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+                self.close(writer)
+                if attempt:
+                    raise
+                continue
+            self.give_back((reader, writer))
+            return status, answer
+        raise AssertionError("unreachable")
+
+
+def resident_mb(pid: int) -> float:
+    """The RSS of process ``pid``, in MB (Linux)."""
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+async def bursts(
+    url: str,
+    ca_pem: bytes | None,
+    *,
+    total: int = 30_000,
+    size: int = 300,
+    pause: float = 1.0,
+    settle: float = 3.0,
+    pid: int | None = None,
+    namespace: str = "bench",
+) -> dict:
+    """``total`` admissions in bursts of ``size`` sent at once, ``pause`` seconds apart, over
+    connections kept as kube-apiserver keeps them, which is how pod creations in bulk (a
+    ReplicaSet makes up to 500 at once) reach the webhook.
+
+    Returns the ``admissions`` and ``errors`` (an HTTP status other than 200, a wrong answer,
+    a connection lost twice), the connections ``opened`` in all and ``most_open`` at once, the
+    run's ``seconds``; with ``pid``, that process's RSS in MB: at the start, the highest seen
+    after a burst, and ``settle`` seconds after the last. Raises ValueError for sizes out of
+    range.
+    """
+    if total < 1 or size < 1 or pause < 0 or settle < 0:
+        raise ValueError("total and size must be positive, pause and settle >= 0")
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.hostname is None or parsed.port is None:
+        raise ValueError(f"{url}: no host and port")
+    context = ssl.create_default_context(cadata=ca_pem.decode() if ca_pem else None)
+    context.set_alpn_protocols(["http/1.1"])
+    connections = _ApiServerConnections(parsed.hostname, parsed.port, context)
+    reviews = review_bodies(min(size, total), namespace)
+    rss = {"rss_start_mb": resident_mb(pid)} if pid else {}
+    highest = 0.0
+    errors: Counter[str] = Counter()
+
+    async def admit(uid: str, body: bytes) -> None:
+        try:
+            status, answer = await connections.post(parsed.path or "/", body)
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError) as e:
+            errors[f"{type(e).__name__}: {e}"[:160]] += 1
+            return
+        problem = f"HTTP {status}" if status != 200 else review_problem(answer, uid)
+        if problem is not None:
+            errors[problem] += 1
+
+    started = time.perf_counter()
+    sent = 0
+    while sent < total:
+        count = min(size, total - sent)
+        await asyncio.gather(*(admit(uid, body) for uid, body in reviews[:count]))
+        sent += count
+        if pid:
+            highest = max(highest, resident_mb(pid))
+        if sent < total:
+            await asyncio.sleep(pause)
+    seconds = time.perf_counter() - started
+    for _, writer in connections.idle:
+        connections.close(writer)
+    if pid:
+        await asyncio.sleep(settle)
+        rss.update(rss_highest_mb=round(highest, 1), rss_end_mb=round(resident_mb(pid), 1))
+        rss["rss_start_mb"] = round(rss["rss_start_mb"], 1)
+    return {
+        "url": url,
+        "admissions": sent,
+        "burst": size,
+        "errors": errors.total(),
+        "error_reasons": dict(errors.most_common(5)),
+        "opened": connections.opened,
+        "most_open": connections.most_open,
+        "seconds": round(seconds, 1),
+        **rss,
+    }
+
+
 def run_in_subprocess(
     url: str,
     ca_file: str | Path | None,
@@ -498,8 +648,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=16, help="keep-alive connections")
     parser.add_argument("--namespace", default="bench", help="of the reviewed pods")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--bursts", type=int, metavar="SIZE", help="instead: bursts of SIZE admissions at once"
+    )
+    parser.add_argument("--total", type=int, default=30_000, help="admissions, with --bursts")
+    parser.add_argument("--pause", type=float, default=1.0, help="seconds between bursts")
+    parser.add_argument("--pid", type=int, help="the webhook's process: its RSS, with --bursts")
     args = parser.parse_args(argv)
     ca_pem = args.ca_file.read_bytes() if args.ca_file else None
+    if args.bursts:
+        result = asyncio.run(
+            bursts(
+                args.url,
+                ca_pem,
+                total=args.total,
+                size=args.bursts,
+                pause=args.pause,
+                pid=args.pid,
+                namespace=args.namespace,
+            )
+        )
+        print(json.dumps(result), flush=True)
+        return 0
     result = asyncio.run(
         measure(
             args.url,
