@@ -36,7 +36,6 @@ from .informer import (
     index_by_label,
     index_by_owner_uid,
     object_key,
-    share_strings,
     strip_managed_fields,
 )
 from .leaderelection import LeaderElectionConfig, LeaderElector
@@ -44,9 +43,11 @@ from .manager import LeadershipLost, Manager
 from .readlimits import CacheBudget, CacheFull, ReadLimits
 from .reconcile import Func, Reconciler, Request, Result
 from .resources import Resource
+from .sharing import SHARED, SharedValues
 from .workqueue import WorkQueue
 
 __all__ = [
+    "SHARED",
     "AlreadyExists",
     "ApiError",
     "BadResponse",
@@ -81,6 +82,7 @@ __all__ = [
     "Resource",
     "ResponseTooLarge",
     "Result",
+    "SharedValues",
     "Unauthorized",
     "Unreachable",
     "WorkQueue",
@@ -91,6 +93,5 @@ __all__ = [
     "is_deleting",
     "object_key",
     "remove_finalizer",
-    "share_strings",
     "strip_managed_fields",
 ]

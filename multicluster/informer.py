@@ -20,7 +20,6 @@ import builtins
 import contextlib
 import logging
 import random
-import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -96,35 +95,6 @@ def index_by_label(key: str) -> IndexFunc:
 def strip_managed_fields(obj: dict) -> dict:
     """A transform that drops ``metadata.managedFields`` (often a third of an object)."""
     obj["metadata"].pop("managedFields", None)
-    return obj
-
-
-def share_strings(obj: Any, longest: int = 64) -> Any:
-    """Make equal short strings in ``obj`` one object (``sys.intern``), in place; return ``obj``.
-
-    Decoded JSON gives every pod its own copy of every string: "True", "Running", condition
-    types, image and node names, owner references, timestamps of pods started in the same
-    second. In a cache of 10,000s of pods, sharing them saves about a third of the memory for
-    a few tens of microseconds per event. Strings longer than ``longest`` (a manifest in an
-    annotation, say) are left alone. Interned strings are freed with their last user (except
-    on CPython 3.12.0 to 3.12.5, which kept them: use another 3.12 or 3.11, 3.13).
-    """
-    stack = [obj]
-    intern = sys.intern
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if type(value) is str and len(value) <= longest:
-                    item[key] = intern(value)
-                elif isinstance(value, dict | list):
-                    stack.append(value)
-        elif isinstance(item, list):
-            for i, value in enumerate(item):
-                if type(value) is str and len(value) <= longest:
-                    item[i] = intern(value)
-                elif isinstance(value, dict | list):
-                    stack.append(value)
     return obj
 
 

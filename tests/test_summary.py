@@ -109,6 +109,25 @@ def test_same_inputs_give_identical_summaries():
     assert summarize(nodes, [pod("a")]) == summarize(list(reversed(nodes)), [pod("a")])
 
 
+def test_slim_pods_of_one_template_on_one_node_share_spec_and_status():
+    one, two = (
+        slim_pod(
+            {
+                "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
+                "spec": {
+                    "nodeName": "a",
+                    "containers": [{"resources": {"requests": {"cpu": "1"}}}],
+                },
+                "status": {"phase": "Running"},
+            }
+        )
+        for name in ("p1", "p2")
+    )
+    assert one["spec"] is two["spec"]
+    assert one["status"] is two["status"]
+    assert (one["metadata"]["name"], two["metadata"]["name"]) == ("p1", "p2")
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(

@@ -16,7 +16,7 @@ import orjson
 import yaml
 
 from multicluster import is_deleting as is_deleting  # the runtime's, re-exported
-from multicluster import share_strings
+from multicluster.sharing import SHARED
 
 from . import keys
 from .constraints import delegate_constraints
@@ -290,36 +290,44 @@ _PROXY_METADATA = (
 _DELEGATE_METADATA = _PROXY_METADATA[:8]
 
 
+def _shared_metadata(kept: dict) -> dict:
+    """Identity fields interned, maps and lists (labels, owners, …) shared."""
+    return {k: SHARED.share(v) for k, v in kept.items()}
+
+
 def slim_proxy(pod: dict) -> dict:
     """What the scheduler and the virtual kubelet read of a proxy pod (no containers: the
     manifest annotation holds what the delegate needs, and only until the pod is bound: a
     bound proxy's manifest is never read again, and 10,000 of them are megabytes), and the
     config maps and secrets its own spec uses (``Kind:namespace/name``): a pod's volumes and
-    env never change, and they bound what may follow its delegate."""
+    env never change, and they bound what may follow its delegate. Equal parts of cached pods
+    are one object (:class:`~multicluster.sharing.SharedValues`): read-only."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
     kept = {k: meta[k] for k in _PROXY_METADATA if k in meta}
     annotations = kept.get("annotations")
     if spec.get("nodeName") and annotations and keys.SOURCEPOD_MANIFEST in annotations:
         kept["annotations"] = {k: v for k, v in annotations.items() if k != keys.SOURCEPOD_MANIFEST}
-    slim = {
-        "metadata": kept,
-        "spec": {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")},
-        "status": pod.get("status") or {},
-    }
+    slim_spec = {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")}
     if not spec.get("nodeName"):  # what the proxy pod asks of virtual nodes, until it is bound
         for name in ("nodeSelector", "affinity", "tolerations"):
             if spec.get(name):
-                slim["spec"][name] = spec[name]
+                slim_spec[name] = spec[name]
+    slim = {
+        "metadata": _shared_metadata(kept),
+        "spec": SHARED.share(slim_spec),
+        "status": SHARED.share(pod.get("status") or {}),
+    }
     used = reference_keys(meta.get("namespace") or "", spec)
     if used:
-        slim["references"] = used
-    return share_strings(slim)
+        slim["references"] = SHARED.share(used)
+    return slim
 
 
 def slim_delegate(pod: dict) -> dict:
     """What the caches keep of a delegate: identity, node, status, and the config maps and
     secrets it uses (``Kind:namespace/name``, for the follow controller). Of its labels, only
-    ``parent-uid`` is read: the others (as many as whoever made the pod wrote) are not kept."""
+    ``parent-uid`` is read: the others (as many as whoever made the pod wrote) are not kept.
+    Equal parts of cached pods are one object, as in :func:`slim_proxy`."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
     kept = {k: meta[k] for k in _DELEGATE_METADATA if k in meta}
     uid = (meta.get("labels") or {}).get(keys.PARENT_UID)
@@ -328,11 +336,11 @@ def slim_delegate(pod: dict) -> dict:
     else:
         kept["labels"] = {keys.PARENT_UID: uid}
     slim = {
-        "metadata": kept,
-        "spec": {"nodeName": spec.get("nodeName")},
-        "status": pod.get("status") or {},
+        "metadata": _shared_metadata(kept),
+        "spec": SHARED.share({"nodeName": spec.get("nodeName")}),
+        "status": SHARED.share(pod.get("status") or {}),
     }
     used = reference_keys(meta.get("namespace") or "", spec)
     if used:
-        slim["references"] = used
-    return share_strings(slim)
+        slim["references"] = SHARED.share(used)
+    return slim

@@ -14,6 +14,8 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from multicluster.sharing import SHARED
+
 from ..api import keys
 from ..api.quantity import add, format_list, parse_list
 from ..api.summary import HIGH_CARDINALITY_LABELS, pod_requests
@@ -29,6 +31,9 @@ def is_virtual(node: dict) -> bool:
 
 
 def slim_pod(pod: dict) -> dict:
+    """What a summary counts of a pod: its node, phase and requests. Its spec and status are
+    shared with equal ones (:data:`~multicluster.sharing.SHARED`; pods of one template on one
+    node have equal ones): read-only."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
 
     def requests(containers: Any) -> list[dict]:
@@ -41,18 +46,20 @@ def slim_pod(pod: dict) -> dict:
         ]
 
     return {
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta.get("namespace"),
+        "metadata": {  # its own (a name is unique): only the strings are shared
+            "name": SHARED.share(meta["name"]),
+            "namespace": SHARED.share(meta.get("namespace")),
             "resourceVersion": meta.get("resourceVersion"),
         },
-        "spec": {
-            "nodeName": spec.get("nodeName"),
-            "containers": requests(spec.get("containers")),
-            "initContainers": requests(spec.get("initContainers")),
-            "overhead": spec.get("overhead") or {},
-        },
-        "status": {"phase": (pod.get("status") or {}).get("phase")},
+        "spec": SHARED.share(
+            {
+                "nodeName": spec.get("nodeName"),
+                "containers": requests(spec.get("containers")),
+                "initContainers": requests(spec.get("initContainers")),
+                "overhead": spec.get("overhead") or {},
+            }
+        ),
+        "status": SHARED.share({"phase": (pod.get("status") or {}).get("phase")}),
     }
 
 
@@ -86,11 +93,13 @@ def counted(pod: dict) -> tuple[str, dict[str, Fraction]] | None:
 
 class RequestedLedger:
     """Requests per node, kept up to date pod event by pod event, so a summary costs a pass
-    over nodes, not over every pod (10,000s of them in a busy cluster)."""
+    over nodes, not over every pod (10,000s of them in a busy cluster). Pods with equal
+    requests on one node (one workload's, mostly) share one entry."""
 
     def __init__(self) -> None:
         self.by_node: dict[str, dict[str, Fraction]] = {}
         self._pods: dict[str, tuple[str, dict[str, Fraction]]] = {}
+        self._entries: dict[tuple, list] = {}  # signature → [entry, pods holding it]
 
     def update(self, key: str, pod: dict | None) -> None:
         """Account for the pod's latest state (None: deleted)."""
@@ -106,10 +115,28 @@ class RequestedLedger:
                     del totals[name]
             if not totals:
                 del self.by_node[node]
+            self._release(old)
         new = counted(pod) if pod is not None else None
         if new is not None:
-            self._pods[key] = new
+            self._pods[key] = self._held(new)
             add(self.by_node.setdefault(new[0], {}), new[1])
+
+    def _held(self, entry: tuple[str, dict[str, Fraction]]) -> tuple[str, dict[str, Fraction]]:
+        held = self._entries.setdefault(_signature(entry), [entry, 0])
+        held[1] += 1
+        return held[0]
+
+    def _release(self, entry: tuple[str, dict[str, Fraction]]) -> None:
+        signature = _signature(entry)
+        held = self._entries[signature]
+        held[1] -= 1
+        if not held[1]:
+            del self._entries[signature]
+
+
+def _signature(entry: tuple[str, dict[str, Fraction]]) -> tuple:
+    node, requests = entry
+    return (node, *sorted(requests.items()))
 
 
 def summarize(

@@ -526,6 +526,19 @@ def test_slim_delegate_keeps_what_the_virtual_kubelet_reads():
     assert slim["status"] == FULL_POD["status"]
 
 
+def test_a_proxy_pod_and_its_delegate_share_their_equal_status_and_parts():
+    """Each pod comes decoded on its own; what the caches keep of equal parts is one object."""
+    proxy, other = copy.deepcopy(FULL_POD), copy.deepcopy(FULL_POD)
+    other["metadata"]["name"], other["metadata"]["uid"] = "q", "u2"
+    delegate = copy.deepcopy(FULL_POD)
+    slim, slim_other = slim_proxy(proxy), slim_proxy(other)
+    assert slim_delegate(delegate)["status"] is slim["status"]
+    assert slim_other["metadata"]["ownerReferences"] is slim["metadata"]["ownerReferences"]
+    assert slim_other["spec"] is slim["spec"]
+    assert slim_other["metadata"] is not slim["metadata"]
+    assert slim_other["metadata"]["name"] == "q"
+
+
 @pytest.mark.parametrize("slim", [slim_proxy, slim_delegate])
 def test_slim_pods_without_spec_or_status(slim):
     pod = {"metadata": {"name": "p", "uid": "u"}}

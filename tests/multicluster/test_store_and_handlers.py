@@ -97,21 +97,6 @@ def test_errors_are_typed_by_status_and_reason():
     assert "pods x not found" in str(error_for(404, status(message="pods x not found"), "GET"))
 
 
-def test_share_strings_makes_equal_strings_one_object_and_keeps_the_value():
-    import orjson
-
-    from multicluster import share_strings
-
-    raw = b'{"a": {"phase": "Running", "list": ["Running", {"x": "Running"}], "n": 1, "b": true}}'
-    first, second = orjson.loads(raw), orjson.loads(raw)
-    assert first["a"]["phase"] is not second["a"]["phase"]
-    share_strings(first)
-    share_strings(second)
-    assert first == orjson.loads(raw)
-    assert first["a"]["phase"] is second["a"]["phase"]
-    assert first["a"]["list"][1]["x"] is second["a"]["list"][0]
-
-
 def test_an_index_value_of_one_object_or_of_several_finds_them_all():
     store = Store()
     store.add_indexer("uid", lambda o: [o["metadata"]["uid"]])
