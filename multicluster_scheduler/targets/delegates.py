@@ -112,8 +112,10 @@ class DelegateLookup:
         placed (an agent that restarts has forgotten the placements in flight). Seen through two
         targets of one place, a delegate counts once, through ``prefer`` (a virtual node) if it
         is one of them."""
+        namespace = proxy["metadata"]["namespace"]
         connections = sorted(
-            self.registry.connections.values(), key=lambda c: c.node_name != prefer
+            (c for c in self.registry.connections.values() if c.allows(namespace)),
+            key=lambda c: c.node_name != prefer,
         )
         found: dict[object, tuple[TargetConnection, dict]] = {}
         for connection in connections:

@@ -96,11 +96,12 @@ class ProxyRelease:
         namespace = proxy["metadata"]["namespace"]
         failed: Exception | None = None
         for other in self.registry.connections.values():
-            if other is connection or other.same_place(connection, namespace):
+            if other is connection:
+                continue
+            live = [d for d in self.lookup.in_target(proxy, other) if not is_deleting(d)]
+            if not live or other.same_place(connection, namespace):
                 continue  # another Target of the same cluster and namespace sees the same pods
-            for delegate in self.lookup.in_target(proxy, other):
-                if is_deleting(delegate):
-                    continue
+            for delegate in live:
                 try:
                     await delete_delegate(
                         other, delegate, "its proxy pod is bound to another target"
