@@ -530,8 +530,11 @@ class Scheduler:
             return None
         owner = controller_uid(proxy)
         excluded = self._excluded(uid)
+        namespace = proxy["metadata"]["namespace"]
         for connection in self.registry.connections.values():
-            why = runs_as_identity(manifest, connection, proxy["metadata"]["namespace"])
+            if not connection.allows(namespace):
+                continue
+            why = runs_as_identity(manifest, connection, namespace)
             if why is not None:
                 excluded = {**excluded, connection.node_name: why}
         candidates, refused, allowed = self._candidates(proxy, asks, owner, excluded)
