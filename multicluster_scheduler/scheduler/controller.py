@@ -667,7 +667,13 @@ class Scheduler:
         except (NotFound, Conflict) as e:  # gone, or bound meanwhile: the cache will tell
             log.info("proxy not bound namespace=%s name=%s: %s", meta["namespace"], meta["name"], e)
             return
-        self._bound.add(meta["uid"])
+        cached = self.proxies.get(meta["name"], meta["namespace"])
+        if (
+            cached is not None
+            and cached["metadata"]["uid"] == meta["uid"]
+            and not cached["spec"].get("nodeName")
+        ):
+            self._bound.add(meta["uid"])  # (its event may have come before the answer)
         self._settle(meta["uid"])
         where = delegate["spec"].get("nodeName")
         self.events.emit(
