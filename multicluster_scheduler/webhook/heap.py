@@ -7,9 +7,9 @@ asyncio's TLS read buffer, the HTTP parser; 60 KiB with the 16 KiB reads ``child
 all freed when it closes. But glibc's malloc gives back only the top of its heap: the few
 allocations still alive among the freed chunks pin the rest, so the process kept the
 high-water mark of its busiest burst for good. Measured: 1,000 connections held at once took it
-from 33 to 137 MB; closed, 5 MB of its heap was in use and 84 MB free, and it stayed at 127 MB
+from 33 to 137 MiB; closed, 5 MiB of its heap was in use and 84 MiB free, and it stayed at 127 MiB
 (malloc's arena and trim thresholds changed nothing: one thread, one arena, a fragmented
-middle); ``malloc_trim`` brought it to 45 MB in 9 ms.
+middle); ``malloc_trim`` brought it to 45 MiB in 9 ms.
 
 So the process looks every second at what is resident but no longer in use, and trims once that
 has grown by 8 MiB since the last trim: nothing happens under a steady load (its connections
