@@ -20,6 +20,10 @@ from typing import Any
 
 import orjson
 
+# Nesting shared, at most: a pod's fields are a few levels deep; a target's answer nested 200
+# levels would otherwise cost 200 encodings of itself on every event.
+MAX_DEPTH = 8
+
 
 class SharedValues:
     """A table of shared JSON values (dicts, lists, and strings up to ``longest`` characters)."""
@@ -52,25 +56,31 @@ class SharedValues:
                 del table[key]
         self._sweep_at = max(self._first_sweep, 2 * len(table))
 
-    def _share(self, value: Any) -> Any:
+    def _share(self, value: Any, depth: int = 0) -> Any:
         kind = type(value)
         if kind is str:
             return sys.intern(value) if len(value) <= self.longest else value
         if kind is not dict and kind is not list:
             return value
-        # Looked up whole first (its JSON's hash; a hit is checked equal): a value seen before,
-        # as most are, costs an encoding and a comparison, both in C.
+        if depth > MAX_DEPTH:
+            return value  # each level encodes what it holds again: deeper is left as it is
+        # Looked up whole first (its JSON's hash; a hit is checked by its encoding, which tells
+        # true from 1 where == does not): a value seen before, as most are, costs two
+        # encodings, both in C.
         try:
-            key = hash(orjson.dumps(value))
+            encoded = orjson.dumps(value)
         except orjson.JSONEncodeError:  # not JSON (not from a decoder): kept as it is
             return value
+        key = hash(encoded)
         found = self._table.get(key)
-        if found is not None and type(found) is kind and found == value:
+        if found is not None and type(found) is kind and orjson.dumps(found) == encoded:
             return found
         if kind is dict:
-            shared: Any = {self._share(k): self._share(v) for k, v in value.items()}
+            shared: Any = {
+                self._share(k, depth): self._share(v, depth + 1) for k, v in value.items()
+            }
         else:
-            shared = [self._share(v) for v in value]
+            shared = [self._share(v, depth + 1) for v in value]
         self._table.setdefault(key, shared)  # a different value there (a collision) stays
         return shared
 

@@ -97,3 +97,27 @@ def test_a_shared_value_encodes_as_the_value_does(value):
     shared = SharedValues()
     shared.share(orjson.loads(orjson.dumps(value)))
     assert orjson.dumps(shared.share(value)) == orjson.dumps(value)
+
+
+def test_a_value_of_another_json_type_under_the_same_hash_is_not_handed_out():
+    """``[1] == [True]`` in Python: a hit is checked by its encoding, not by ``==``."""
+    table = SharedValues()
+    table._table[hash(orjson.dumps([True]))] = [1]  # a collision, as unlikely as it is
+    assert orjson.dumps(table.share([True])) == b"[true]"
+    table._table[hash(orjson.dumps({"ready": False}))] = {"ready": 0}
+    assert orjson.dumps(table.share({"ready": False})) == b'{"ready":false}'
+
+
+def test_what_is_nested_deeper_than_pods_are_is_kept_as_it_is():
+    """A target may answer a status nested hundreds of levels deep: each level shared would
+    encode all it holds again, on every event."""
+    inner: list = ["x"]
+    deep: list = inner
+    for _ in range(50):
+        deep = [deep]
+    shared = SharedValues().share(deep)
+    assert shared == deep
+    level = shared
+    for _ in range(50):
+        level = level[0]
+    assert level is inner, "below the depth shared, the value given is kept"
