@@ -415,7 +415,12 @@ class Informer:
             limit=self.page_size,
         ):
             transform = self.transform
-            for item in page.get("items") or ():
+            # Taken out of the page one by one: the page (held until the next one arrives) does
+            # not keep every decoded pod alive beside its transformed copy.
+            items = page.pop("items", None) or []
+            items.reverse()
+            while items:
+                item = items.pop()
                 obj = transform(item) if transform else item
                 key = object_key(obj)
                 fresh[key] = obj
