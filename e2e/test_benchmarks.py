@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from e2e.cluster import TestBed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +48,7 @@ def test_informer_benchmark_runs(testbed: TestBed, tmp_path: Path):
     assert "| slim projection |" in proc.stdout
 
 
+@pytest.mark.timeout(900)  # seven benchmarks, each on the same three clusters: about 6 minutes
 def test_the_benchmark_suite_runs_end_to_end_at_small_sizes(bin_dir: Path, tmp_path: Path):
     """``python -m e2e.bench --quick``: every benchmark on its own three clusters, at smoke
     sizes; the figures in docs/performance.md come from full runs."""
