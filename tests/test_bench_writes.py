@@ -68,3 +68,24 @@ def test_cpu_over_idle_takes_away_what_each_component_spends_at_rest() -> None:
     assert found["machine"] == pytest.approx(50.0)  # (10 - 0.5 * 10) s over 100 pods
     assert found["kube-apiserver"] == pytest.approx(30.0)
     assert found["agent"] == 0.0, "never below zero"
+
+
+def test_the_report_judges_the_machine_cpu_over_a_pods_life() -> None:
+    from e2e.bench.report import rows
+
+    life = {"machine": 60.0, "kube-apiserver": 30.0, "agent": 6.0}
+    writes = {
+        "pods": 100,
+        "source_pod_writes": {"native": 6.0, "elected": 5.0},
+        "target_pod_writes": 6.0,
+        "event_writes": {"native": 1.0, "source": 1.0, "target": 1.0},
+        "machine_cpu_ms_per_pod": {"native": 30.0, "elected": 60.0, "ratio": 2.0},
+        "elected": {"cpu_ms_per_pod_over_idle": {"life": life}},
+    }
+    found = {
+        figure: (measured, verdict) for figure, measured, _, verdict in rows({"writes": writes})
+    }
+    assert found["machine CPU per elected pod / native, over its life"] == ("2.00", "met")
+    writes["machine_cpu_ms_per_pod"]["ratio"] = 2.4
+    found = {figure: verdict for figure, _, _, verdict in rows({"writes": writes})}
+    assert found["machine CPU per elected pod / native, over its life"] == "**not met**"
