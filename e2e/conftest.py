@@ -1,6 +1,7 @@
 """Fixtures for scenarios on the real test bed: one session-wide set of clusters, reused.
 
 Set ``MCS_E2E_CLUSTERS`` (comma-separated names, default ``cluster1,cluster2``) to change them.
+The first one also runs Argo Workflows' controller (e2e/test_argo.py; built on first use, cached).
 Component logs of the run are kept under pytest's temporary folder; when an e2e test fails, the
 tail of each one is attached to its report.
 
@@ -44,7 +45,8 @@ def testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> TestBed:
     global _testbed
     names = os.environ.get("MCS_E2E_CLUSTERS", "cluster1,cluster2").split(",")
     directory = tmp_path_factory.mktemp("testbed")
-    bed = TestBed([ClusterSpec(name=n.strip()) for n in names], directory, bin_dir)
+    specs = [ClusterSpec(name=n.strip(), argo=i == 0) for i, n in enumerate(names)]
+    bed = TestBed(specs, directory, bin_dir, argo_bin=build(group="argo"))
     bed.up()
     _testbed = bed
     yield bed

@@ -7,6 +7,9 @@ which stops its components; any component still found is killed.
 ``--real-nodes`` adds a real node (kubelet and containerd, :mod:`e2e.realnode`) to every
 cluster, holding the agent's image built here; with ``--install``, the chart is then installed
 as users install it, its agents in their pods on those nodes (:mod:`e2e.cluster.incluster`).
+
+``--argo`` runs Argo Workflows' controller, with its CRDs, in the first cluster (the source of
+workflows whose steps are elected; :mod:`e2e.cluster.argo`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def parse_specs(args: argparse.Namespace) -> list[ClusterSpec]:
             allocatable=dict(allocatable),
             node_labels=labels[n],
             real_node=args.real_nodes,
+            argo=args.argo and n == names[0],
         )
         for n in names
     ]
@@ -102,7 +106,10 @@ def serve(args: argparse.Namespace) -> int:
         except Exception as e:
             _write_state(directory, supervisor=os.getpid(), phase="failed", error=str(e))
             return 1
-    bed = TestBed(parse_specs(args), directory, Path(args.bin_dir), real_nodes=real_nodes)
+    argo_bin = build(group="argo") if args.argo else None  # built by `up` already: cached
+    bed = TestBed(
+        parse_specs(args), directory, Path(args.bin_dir), real_nodes=real_nodes, argo_bin=argo_bin
+    )
     try:
         bed.up(timeout=args.timeout)
     except Exception as e:
@@ -169,6 +176,8 @@ def up(args: argparse.Namespace) -> int:
     down(directory)
     try:
         bin_dir = build()
+        if args.argo:
+            build(group="argo")
         if args.real_nodes:
             from e2e.realnode import prepare
 
@@ -187,6 +196,8 @@ def up(args: argparse.Namespace) -> int:
         argv += ["--install", "--agents", str(args.agents)]
     if args.real_nodes:
         argv += ["--real-nodes"]
+    if args.argo:
+        argv += ["--argo"]
     started = time.monotonic()
     with (directory / "supervisor.log").open("ab") as log:
         proc = subprocess.Popen(
@@ -249,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
             action="store_true",
             help="one real node per cluster (kubelet, containerd) holding the agent's image "
             "built here; with --install, the agents run there as the chart deploys them",
+        )
+        p.add_argument(
+            "--argo",
+            action="store_true",
+            help="Argo Workflows' controller and CRDs in the first cluster (built from its Go "
+            "module on first use, then cached)",
         )
         if name == "serve":
             p.add_argument("--bin-dir", required=True)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from multicluster.pki import CertificateAuthority, KeyPair, signing_key_pair
 
+from . import argo
 from .process import Process
 from .rest import ApiError, RestClient
 
@@ -71,6 +72,8 @@ class ClusterSpec:
     # One real node besides the fake ones: kubelet and containerd (e2e.realnode), for what must
     # run in containers (the agent's image, as the chart deploys it).
     real_node: bool = False
+    # Argo Workflows' controller and CRDs (e2e.cluster.argo; the TestBed needs ``argo_bin``).
+    argo: bool = False
 
 
 def free_ports(count: int) -> list[int]:
@@ -169,6 +172,7 @@ class Cluster:
         self.ca: CertificateAuthority | None = None
         self.admin: KeyPair | None = None
         self.real_node: RealNode | None = None
+        self.argo_bin: Path | None = None  # Argo Workflows' build, when the spec asks for it
         # Addresses besides 127.0.0.1 where clients reach the API server (pods of real nodes).
         self.server_addresses: tuple[str, ...] = ()
 
@@ -207,6 +211,12 @@ class Cluster:
             # kwok acts as the kubelet of every fake node: node status, leases, pod status.
             "kwok": ca.issue("kwok", organizations=("system:masters",), client=True),
         }
+        if self.spec.argo:
+            # Argo's own install gives its controller rights over pods, workflows, leases and
+            # more in every namespace; its RBAC is not what the bed tests.
+            identities[argo.PROCESS] = ca.issue(
+                argo.PROCESS, organizations=("system:masters",), client=True
+            )
         for who, pair in identities.items():
             config = kubeconfig(
                 [
@@ -436,6 +446,18 @@ class Cluster:
         if self.real_node is not None:
             assert self.ca is not None
             self.processes["real-node"] = self.real_node.prepare(self.ca, pki / "ca.crt")
+        if self.spec.argo:
+            assert self.argo_bin is not None
+            versions = json.loads((self.argo_bin / "versions.json").read_text())
+            self.processes[argo.PROCESS] = argo.process(
+                self, self.argo_bin, versions["argo-workflows"]
+            )
+
+    def start_argo(self) -> None:
+        """Argo's CRDs and configuration, then its controller (once the control plane runs)."""
+        assert self.argo_bin is not None
+        argo.install(self, self.argo_bin)
+        self.start(argo.PROCESS)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -625,6 +647,7 @@ class TestBed:
         directory: Path,
         bin_dir: Path,
         real_nodes: RealNodes | None = None,
+        argo_bin: Path | None = None,
     ) -> None:
         names = [s.name for s in specs]
         if not names or len(set(names)) != len(names):
@@ -642,6 +665,11 @@ class TestBed:
             if real_nodes is None:
                 raise ValueError("clusters with a real node need real_nodes (e2e.realnode)")
             self._add_real_nodes(real_nodes)
+        if any(s.argo for s in specs):
+            if argo_bin is None:
+                raise ValueError("clusters with Argo Workflows need argo_bin (build group argo)")
+            for cluster in self.clusters.values():
+                cluster.argo_bin = argo_bin
 
     def _add_real_nodes(self, setup: RealNodes) -> None:
         from e2e.realnode.node import HOST_ADDRESS, RealNode
@@ -689,6 +717,9 @@ class TestBed:
                 deadline,
                 "nodes Ready and default ServiceAccount created",
             )
+            for cluster in self.clusters.values():
+                if cluster.spec.argo:
+                    cluster.start_argo()
         except BaseException:
             self.down()
             raise

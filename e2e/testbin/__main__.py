@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument(
             "--group",
             default="",
-            help='the tools of a group of pins.toml instead ("real-node": kubelet, containerd)',
+            help='the tools of a group of pins.toml instead ("real-node": kubelet, containerd; '
+            '"argo": Argo Workflows\' controller)',
         )
     args = parser.parse_args(argv)
     try:

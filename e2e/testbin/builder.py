@@ -5,8 +5,9 @@ each tool is compiled from its module: a scratch module per tool requires the pi
 builds its main packages. Results live under ``~/.cache/multicluster-scheduler/testbin`` keyed by
 tool, version and Go version, so a warm machine reuses them and a pin change rebuilds one tool.
 
-Tools of a named group (``group = "real-node"``: kubelet and containerd) are built only when that
-group is asked for, into a folder of their own: the clusters of the test bed never wait for them.
+Tools of a named group (``group = "real-node"``: kubelet and containerd; ``group = "argo"``: Argo
+Workflows' controller) are built only when that group is asked for, into a folder of their own: the
+clusters of the test bed never wait for them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from pathlib import Path
 
 PINS_FILE = Path(__file__).with_name("pins.toml")
 KWOK_STAGES_DIR = "kwok-stages"
+CRDS_DIR = "crds"
+# Files a tool's module ships that the test bed reads (its field: the folder they are copied to).
+MODULE_FILES = {"stages": KWOK_STAGES_DIR, "crds": CRDS_DIR}
 
 
 class BuildError(RuntimeError):
@@ -41,12 +45,16 @@ class Tool:
     binary: str | None = None
     staging_version: str | None = None
     stages: list[str] = field(default_factory=list)
+    crds: list[str] = field(default_factory=list)  # CustomResourceDefinitions, applied by the bed
     stamp: dict[str, str] = field(default_factory=dict)
     group: str = ""  # "": the test bed's own; otherwise built only when that group is asked for
 
     def fingerprint(self) -> str:
-        """Changes with anything that changes the build's output (not with its group)."""
-        spec = {k: v for k, v in self.__dict__.items() if k != "group"}
+        """Changes with anything that changes the build's output (not with its group; nor with
+        ``crds`` while empty: that field came later, and every other tool's key stays)."""
+        spec = {
+            k: v for k, v in self.__dict__.items() if k != "group" and not (k == "crds" and not v)
+        }
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
 
 
@@ -157,13 +165,13 @@ def build_tool(tool: Tool, gover: str, log) -> Path:
     if not tool.binary:
         cmd[-1] += os.sep
     _run(cmd + tool.packages, src, log)
-    for stage in tool.stages:
-        stage_src = Path(info["Dir"]) / stage
-        if not stage_src.exists():
-            raise BuildError(f"{tool.module}@{tool.version} has no stage file {stage}")
-        stage_out = out / KWOK_STAGES_DIR
-        stage_out.mkdir(exist_ok=True)
-        shutil.copyfile(stage_src, stage_out / stage_src.name)
+    for kind, folder in MODULE_FILES.items():
+        for name in getattr(tool, kind):
+            source = Path(info["Dir"]) / name
+            if not source.exists():
+                raise BuildError(f"{tool.module}@{tool.version} has no file {name} ({kind})")
+            (out / folder).mkdir(exist_ok=True)
+            shutil.copyfile(source, out / folder / source.name)
     shutil.rmtree(src, ignore_errors=True)
     done.write_text(f"{time.monotonic() - started:.0f}\n")
     log(f"built {tool.name} {tool.version} in {time.monotonic() - started:.0f}s")
@@ -198,8 +206,9 @@ def _assemble(tools: list[Tool], gover: str, target: Path, log) -> None:
         built = build_tool(tool, gover, log)
         for binary in (built / "bin").iterdir():
             (staging / binary.name).symlink_to(binary)
-        if tool.stages:
-            (staging / KWOK_STAGES_DIR).symlink_to(built / KWOK_STAGES_DIR)
+        for kind, folder in MODULE_FILES.items():
+            if getattr(tool, kind):
+                (staging / folder).symlink_to(built / folder)
     (staging / "versions.json").write_text(
         json.dumps({t.name: t.version for t in tools} | {"go": gover}, indent=2) + "\n"
     )

@@ -23,6 +23,7 @@ def _args(**overrides) -> argparse.Namespace:
         node_pods="50",
         node_label=[],
         real_nodes=False,
+        argo=False,
     )
     return argparse.Namespace(**(values | overrides))
 
@@ -30,6 +31,11 @@ def _args(**overrides) -> argparse.Namespace:
 def test_real_nodes_are_asked_for_every_cluster():
     assert [s.real_node for s in parse_specs(_args())] == [False, False]
     assert [s.real_node for s in parse_specs(_args(real_nodes=True))] == [True, True]
+
+
+def test_argo_runs_in_the_first_cluster_only():
+    assert [s.argo for s in parse_specs(_args())] == [False, False]
+    assert [s.argo for s in parse_specs(_args(argo=True))] == [True, False]
 
 
 def test_node_labels_apply_to_one_cluster_or_all():

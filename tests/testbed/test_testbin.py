@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import textwrap
 
 import pytest
@@ -96,3 +98,23 @@ def test_a_group_changes_neither_a_tools_cache_key_nor_the_test_beds_folder(monk
     grouped = testbin.Tool(**{**tool.__dict__, "group": "real-node"})
     assert grouped.fingerprint() == tool.fingerprint()
     assert testbin.bin_dir(group="real-node", gover="go1.26.0") != testbin.bin_dir(gover="go1.26.0")
+
+
+def test_argo_is_a_group_of_its_own_with_its_crds():
+    (argo,) = testbin.load_pins(group="argo")
+    assert argo.module == "github.com/argoproj/argo-workflows/v4"
+    assert argo.packages == ["github.com/argoproj/argo-workflows/v4/cmd/workflow-controller"]
+    kinds = {path.rsplit("_", 1)[1].removesuffix(".yaml") for path in argo.crds}
+    assert {"workflows", "workflowtaskresults", "workflowtemplates", "cronworkflows"} <= kinds
+    assert testbin.ldflags(argo).endswith(
+        f"-X github.com/argoproj/argo-workflows/v4.version={argo.version}"
+    )
+
+
+def test_a_tool_without_crds_keeps_the_cache_key_it_had_before_crds_existed():
+    tool = testbin.Tool(name="x", module="example.com/x", version="v1.0.0", packages=["a"])
+    before = {k: v for k, v in tool.__dict__.items() if k not in ("group", "crds")}
+    expected = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:8]
+    assert tool.fingerprint() == expected
+    with_crds = testbin.Tool(**{**tool.__dict__, "crds": ["crd.yaml"]})
+    assert with_crds.fingerprint() != tool.fingerprint()

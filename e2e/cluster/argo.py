@@ -1,0 +1,102 @@
+"""Argo Workflows' controller in a test-bed cluster: its CRDs, its configuration and its process.
+
+The controller is the one Argo releases, built from its Go module (the ``argo`` group of
+pins.toml), and runs on this machine like the cluster's other components, with a client
+certificate of its own. Its executor (argoexec: the ``init`` and ``wait`` containers of every
+workflow pod) runs in containers, which fake nodes do not have; the bed's stages end a pod's
+containers instead, with the exit code its annotation asks for (``stages/``). Nothing here does
+what Argo's controller does.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from .process import Process
+from .rest import ApiError
+
+if TYPE_CHECKING:
+    from .testbed import Cluster
+
+NAMESPACE = "argo"
+CONFIGMAP = "workflow-controller-configmap"
+PROCESS = "argo-workflow-controller"
+MEMORY_LIMIT = "256MiB"
+CRDS_DIR = "crds"
+# Its metrics and telemetry servers would listen on fixed ports of every interface: off, so
+# that several beds can run side by side. (Its health endpoint's fixed port, :6060, cannot be
+# turned off; a second controller only logs that the port is taken.)
+CONFIGURATION = {
+    "metricsConfig": "enabled: false\n",
+    "telemetryConfig": "enabled: false\n",
+}
+EXECUTOR_IMAGE = "quay.io/argoproj/argoexec:{version}"
+
+
+def process(cluster: Cluster, argo_bin: Path, version: str) -> Process:
+    """The controller, watching every namespace, as Argo's cluster install runs it."""
+    return Process(
+        f"{cluster.name}/{PROCESS}",
+        [
+            str(argo_bin / "workflow-controller"),
+            f"--kubeconfig={cluster.dir / f'{PROCESS}.kubeconfig'}",
+            f"--namespace={NAMESPACE}",
+            f"--configmap={CONFIGMAP}",
+            f"--executor-image={EXECUTOR_IMAGE.format(version=version)}",
+            "--loglevel=info",
+        ],
+        cluster.dir / "logs" / f"{PROCESS}.log",
+        # One controller per cluster: no leader election (and no Lease to wait for).
+        env={"GOMEMLIMIT": MEMORY_LIMIT, "LEADER_ELECTION_DISABLE": "true"},
+    )
+
+
+def install(cluster: Cluster, argo_bin: Path, timeout: float = 60.0) -> None:
+    """Its CRDs (established), its namespace and its configuration; idempotent."""
+    crds = sorted((argo_bin / CRDS_DIR).glob("*.yaml"))
+    if not crds:
+        raise FileNotFoundError(f"{argo_bin / CRDS_DIR} holds no CRD: build the argo group")
+    names = []
+    for path in crds:
+        crd = yaml.safe_load(path.read_text())
+        names.append(crd["metadata"]["name"])
+        _create(cluster, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    _create(
+        cluster,
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+    )
+    _create(
+        cluster,
+        f"/api/v1/namespaces/{NAMESPACE}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE},
+            "data": CONFIGURATION,
+        },
+    )
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while not _established(cluster, name):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{cluster.name}: CRD {name} not established in {timeout:.0f}s")
+            time.sleep(0.2)
+
+
+def _create(cluster: Cluster, path: str, body: dict) -> None:
+    try:
+        cluster.rest.create(path, body)
+    except ApiError as e:
+        if e.status != 409:
+            raise
+
+
+def _established(cluster: Cluster, name: str) -> bool:
+    crd = cluster.rest.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+    conditions = (crd.get("status") or {}).get("conditions") or ()
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
