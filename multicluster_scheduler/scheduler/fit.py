@@ -9,6 +9,12 @@ target's own scheduler has the last word (the delegate may still be unschedulabl
 what a group cannot tell (hostnames, node fields) is taken to match, and a summary without node
 groups (written by an original agent) is taken as one group of unknown labels and taints.
 
+One hostname is known, though: the virtual node's. A required term with ``kubernetes.io/hostname
+NotIn [...]`` naming a target's virtual node does not hold for that target, as kube-scheduler
+would judge the proxy pod on that node. Workload controllers that steer a retry away from where
+a pod failed write exactly that: Argo Workflows' ``retryStrategy.affinity.nodeAntiAffinity``
+names the failed pod's node, which is the virtual node of the target it failed in.
+
 This runs for every pod and target: a pod's constraints are compiled once, when its
 ``Constraints`` is built, and a summary's quantities are parsed once per summary object. The
 per-target comparisons use integer nano-units (Kubernetes keeps no finer precision): exact like
@@ -33,6 +39,7 @@ NO_SUMMARY = "target(s) had no cluster summary"
 INVALID_SUMMARY = "target(s) had an invalid cluster summary"
 NO_NODES = "target(s) had no nodes"
 NODE_AFFINITY_MISMATCH = "target(s) had no node matching Pod's node affinity/selector"
+HOSTNAME = "kubernetes.io/hostname"
 TOO_MANY_PODS = "Too many pods"
 
 # Score weights: spread outweighs capacity, so that replicas alternate between look-alike
@@ -283,6 +290,9 @@ _Term = tuple[_Expression, ...] | None
 class _Compiled:
     selector: tuple[tuple[str, str], ...]
     required: tuple[_Term, ...]
+    # Per required term, the hostnames its ``NotIn`` expressions exclude: a target whose
+    # virtual node is one of them fails that term. () when no term excludes any.
+    avoided: tuple[frozenset[str], ...]
     preferred: tuple[tuple[int, _Term], ...]
     total_weight: int
     tolerations: tuple[tuple[str, str, str, str], ...]  # key, operator, value, effect
@@ -306,9 +316,12 @@ def _compile(c: Constraints) -> _Compiled:
             key=lambda item: (_resource_rank(item[0]), item[0]),
         )
     )
+    required = tuple(_compile_term(t, f"required term {i}") for i, t in enumerate(c.required))
+    avoided = tuple(_avoided_hosts(term) for term in c.required)  # checked just above
     return _Compiled(
         selector=tuple((k, v) for k, v in selector if k not in HIGH_CARDINALITY_LABELS),
-        required=tuple(_compile_term(t, f"required term {i}") for i, t in enumerate(c.required)),
+        required=required,
+        avoided=avoided if any(avoided) else (),
         preferred=tuple(preferred),
         total_weight=sum(weight for weight, _ in preferred),
         tolerations=tuple(_compile_toleration(t, i) for i, t in enumerate(c.tolerations)),
@@ -327,6 +340,16 @@ def _compile_term(term: Any, where: str) -> _Term:
         _compile_expression(e, f"{where}.matchExpressions[{i}]") for i, e in enumerate(expressions)
     )
     return tuple(e for e in compiled if e.key not in HIGH_CARDINALITY_LABELS)
+
+
+def _avoided_hosts(term: dict) -> frozenset[str]:
+    """The hostnames a required term excludes (``term`` checked by ``_compile_term``)."""
+    return frozenset(
+        value
+        for e in term.get("matchExpressions") or ()
+        if e.get("key") == HOSTNAME and e.get("operator") == "NotIn"
+        for value in e.get("values") or ()
+    )
 
 
 def _compile_expression(expression: Any, where: str) -> _Expression:
@@ -540,10 +563,19 @@ def _evaluate(compiled: _Compiled, candidate: Candidate) -> tuple[str | None, li
         for r, amount in compiled.requests
         if parsed.free.get(r, 0) - (_nano(assumed[r]) if r in assumed else 0) < amount
     }
+    required = compiled.required
+    if compiled.avoided:
+        required = tuple(
+            term
+            for term, hosts in zip(required, compiled.avoided, strict=True)
+            if candidate.name not in hosts
+        )
+        if not required:
+            return NODE_AFFINITY_MISMATCH, []
     feasible: list[_Group] = []
     furthest, reason = -1, NODE_AFFINITY_MISMATCH
     for group in parsed.groups:
-        stage, why = _group_verdict(compiled, group, short)
+        stage, why = _group_verdict(compiled, required, group, short)
         if why is None:
             feasible.append(group)
         elif stage > furthest:
@@ -551,13 +583,17 @@ def _evaluate(compiled: _Compiled, candidate: Candidate) -> tuple[str | None, li
     return (None, feasible) if feasible else (reason, [])
 
 
-def _group_verdict(compiled: _Compiled, group: _Group, short: set[str]) -> tuple[int, str | None]:
+def _group_verdict(
+    compiled: _Compiled, required: tuple[_Term, ...], group: _Group, short: set[str]
+) -> tuple[int, str | None]:
+    """``required``: the required terms that still hold for the target (all of them unless one
+    avoids its virtual node)."""
     labels = group.labels
     if labels is not None:
         for key, value in compiled.selector:
             if labels.get(key) != value:
                 return _SELECTOR, NODE_AFFINITY_MISMATCH
-        if compiled.required and not any(_term_matches(t, labels) for t in compiled.required):
+        if required and not any(_term_matches(t, labels) for t in required):
             return _SELECTOR, NODE_AFFINITY_MISMATCH
         for taint in group.taints:
             if not any(_tolerates(t, taint) for t in compiled.tolerations):

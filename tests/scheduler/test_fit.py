@@ -725,3 +725,31 @@ def test_a_proxy_pods_own_constraints_are_judged_against_virtual_node_labels(spe
 def test_malformed_proxy_constraints_are_refused(spec, says):
     with pytest.raises(ValueError, match=says):
         fit.proxy_constraints(spec)
+
+
+# A virtual node's own hostname (Argo Workflows' retry away from the failed pod's node).
+
+
+def test_a_term_avoiding_a_targets_virtual_node_by_hostname_does_not_hold_for_it():
+    avoid_a = required(expression("kubernetes.io/hostname", "NotIn", "a", "elsewhere"))
+    c = constraints(pod(affinity=avoid_a))
+    assert fits(c, target("a")) == AFFINITY
+    assert fits(c, target("b")) is None
+    ranked, reasons = choose(c, [target("a"), target("b")])
+    assert [t.name for t in ranked] == ["b"]
+    assert reasons == {"a": AFFINITY}
+
+
+def test_another_term_can_still_hold_for_the_avoided_target():
+    avoid_a = required(expression("kubernetes.io/hostname", "NotIn", "a"))
+    terms = avoid_a["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    terms["nodeSelectorTerms"].append({"matchExpressions": [expression("zone", "In", "a")]})
+    c = constraints(pod(affinity=avoid_a))
+    assert fits(c, target("a", nodes=[ZONE_A])) is None
+    assert fits(c, target("a", nodes=[node("n2", labels={"zone": "b"})])) == AFFINITY
+
+
+def test_hostnames_of_real_nodes_are_still_taken_to_match():
+    for operator in ("In", "NotIn"):
+        real = required(expression("kubernetes.io/hostname", operator, "n9"))
+        assert fits(constraints(pod(affinity=real)), target("a")) is None
