@@ -6,8 +6,8 @@ Component logs of the run are kept under pytest's temporary folder; when an e2e 
 tail of each one is attached to its report.
 
 ``real_node_testbed`` is another test bed, for one module at a time: cluster1 and cluster2 with a
-real node each (kubelet, containerd, the agent's image built here), skipped with the reason
-where real nodes cannot run.
+real node each (kubelet, containerd, the agent's image and Argo's executor built here; Argo's
+controller in cluster1), skipped with the reason where real nodes cannot run.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def real_node_testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     before the real nodes started (:func:`e2e.host.machine_settings`)."""
     global _module_testbed
     from e2e.host import machine_settings, real_node_blocker
+    from e2e.image import build_argoexec_image
     from e2e.realnode import prepare
 
     blocker = real_node_blocker()
@@ -69,12 +70,21 @@ def real_node_testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         pytest.skip(blocker)
     started = time.monotonic()
     setup, image = prepare()
+    argoexec = build_argoexec_image()
+    setup.images.append(argoexec.archive)
     prepared = time.monotonic()
     specs = [
-        ClusterSpec(name="cluster1", node_labels={REGION: "us"}, real_node=True),
+        ClusterSpec(name="cluster1", node_labels={REGION: "us"}, real_node=True, argo=True),
         ClusterSpec(name="cluster2", node_labels={REGION: "eu"}, real_node=True),
     ]
-    bed = TestBed(specs, tmp_path_factory.mktemp("realnodes"), bin_dir, real_nodes=setup)
+    bed = TestBed(
+        specs,
+        tmp_path_factory.mktemp("realnodes"),
+        bin_dir,
+        real_nodes=setup,
+        argo_bin=build(group="argo"),
+        argo_executor_image=argoexec.name,
+    )
     bed.machine_before = machine_settings()
     bed.up(timeout=300)
     print(

@@ -10,6 +10,8 @@
   clusters, the region patch, ``expose``.
 - ``kubectl logs`` and ``exec`` on proxy pods: the API server calls the kubelet API served
   from the leading agent's pod.
+- An Argo workflow with Argo's real executor in the containers: an output parameter made in
+  cluster1 reaches a step in cluster2.
 - ``helm upgrade`` rolls the agents while elected pods keep being created: none is refused.
 - The leading pod killed: the other leads within the Lease's duration; deleted: at once.
 - ``helm uninstall`` after the documented clean-up leaves nothing of ours but what the docs say
@@ -37,7 +39,7 @@ from e2e.cluster.incluster import InClusterInstallation
 from e2e.cluster.install import NAMESPACE, RELEASE
 from e2e.host import machine_settings
 from e2e.kubectl import CommandError, Kubectl
-from e2e.realnode import HOST_ADDRESS
+from e2e.realnode import HOST_ADDRESS, REAL_NODE_KEY
 from e2e.test_scheduling import (
     PREFIX,
     REGION,
@@ -301,6 +303,124 @@ def test_logs_and_exec_on_proxy_pods(installed, joined, kube: Kubectl, bed: Test
     relayed = metric(kube, SOURCE, leader, "multicluster_scheduler_kubelet_api_requests_total{")
     assert relayed >= 4
     kube(SOURCE, "delete", "pods", "debug-there", "debug-here", "-n", GUIDE)
+
+
+# What Argo's install gives a workflow's service account so its executor can report a step's
+# outputs (WorkflowTaskResults): wherever the executor runs, so in every target too.
+ARGO_EXECUTOR_RBAC = """apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: argo-executor}
+rules:
+- apiGroups: [argoproj.io]
+  resources: [workflowtaskresults]
+  verbs: [create, patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: argo-executor}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: argo-executor}
+subjects: [{kind: ServiceAccount, name: default}]
+"""
+
+
+def argo_workflow(image: str) -> str:
+    """A DAG of two elected steps on the real nodes (Argo's executor runs in containers): one in
+    cluster1 writes an output parameter, the next in cluster2 prints it."""
+    toleration = f"{{key: {REAL_NODE_KEY}, operator: Exists, effect: NoSchedule}}"
+    return f"""apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {{name: relay}}
+spec:
+  entrypoint: main
+  podMetadata: {{annotations: {{{PREFIX}elect: ""}}}}
+  tolerations: [{toleration}]
+  templates:
+  - name: main
+    dag:
+      tasks:
+      - {{name: produce, template: produce}}
+      - name: consume
+        depends: produce
+        template: consume
+        arguments:
+          parameters:
+          - {{name: message, value: "{{{{tasks.produce.outputs.parameters.message}}}}"}}
+  - name: produce
+    nodeSelector: {{{REAL_NODE_KEY}: "true", {REGION}: us}}
+    container:
+      image: {image}
+      imagePullPolicy: Never
+      command: [python3, -c, "open('/tmp/message', 'w').write('made in cluster1')"]
+    outputs:
+      parameters:
+      - {{name: message, valueFrom: {{path: /tmp/message}}}}
+  - name: consume
+    inputs: {{parameters: [{{name: message}}]}}
+    nodeSelector: {{{REAL_NODE_KEY}: "true", {REGION}: eu}}
+    container:
+      image: {image}
+      imagePullPolicy: Never
+      command: [python3, -c, "print('{{{{inputs.parameters.message}}}}')"]
+"""
+
+
+def test_an_argo_workflow_with_its_real_executor_passes_an_output_to_another_cluster(
+    real_node_testbed, installed, joined, kube: Kubectl, bed: TestBed
+):
+    """Argo's controller in cluster1, its executor (argoexec, built from its module) in the
+    pods' containers on the real nodes: a step in cluster1 writes an output parameter, which its
+    executor reports; the next step, in cluster2, gets it as an argument and prints it, and
+    ``kubectl logs`` on its proxy pod shows what the real container printed there. Cluster2
+    has Argo's WorkflowTaskResult CRD and the executor's RBAC, as Argo's docs ask of every
+    cluster where its executor runs."""
+    _, image = real_node_testbed
+    nodes = joined
+    crd = bed[SOURCE].argo_bin / "crds" / "argoproj.io_workflowtaskresults.yaml"
+    kube(TARGET, "apply", "-f", str(crd))
+    for context, region in ((SOURCE, "us"), (TARGET, "eu")):
+        kube.apply(context, ARGO_EXECUTOR_RBAC, "-n", GUIDE)
+        kube(context, "label", "node", f"{context}-real-node", f"{REGION}={region}")
+    started = time.monotonic()
+    kube.apply(SOURCE, argo_workflow(image), "-n", GUIDE)
+
+    def finished() -> dict | None:
+        found = kube.json(SOURCE, "get", "workflow", "relay", "-n", GUIDE)
+        phase = (found.get("status") or {}).get("phase")
+        return found if phase in ("Succeeded", "Failed", "Error") else None
+
+    try:
+        done = wait_for(finished, 180, interval=0.5, what="workflow relay to end")
+        print(
+            f"\nArgo workflow on real nodes: {done['status']['phase']} "
+            f"in {time.monotonic() - started:.1f}s"
+        )
+        steps = {n["displayName"]: n for n in done["status"]["nodes"].values()}
+        assert done["status"]["phase"] == "Succeeded", steps
+        produced = steps["produce"]["outputs"]["parameters"]
+        assert [(p["name"], p["value"]) for p in produced] == [("message", "made in cluster1")]
+        assert steps["produce"]["hostNodeName"] == nodes[0]
+        assert steps["consume"]["hostNodeName"] == nodes[1]
+        consumer = next(
+            p["metadata"]["name"]
+            for p in proxies(kube, GUIDE)
+            if p["metadata"]["annotations"].get("workflows.argoproj.io/node-name")
+            == "relay.consume"
+        )
+        (delegate,) = (
+            d
+            for d in delegates(kube, TARGET, GUIDE)
+            if d["metadata"]["annotations"][PREFIX + "parent-name"] == consumer
+        )
+        assert delegate["spec"]["nodeName"] == f"{TARGET}-real-node"
+        logged = kube(SOURCE, "logs", consumer, "-n", GUIDE, "-c", "main")
+        assert "made in cluster1" in logged.splitlines()
+    finally:
+        kube(SOURCE, "delete", "workflow", "relay", "-n", GUIDE, "--ignore-not-found")
+        wait_for(lambda: nothing_left(kube, GUIDE), 90, what="no proxy nor delegate left")
+        for context in (SOURCE, TARGET):
+            kube(context, "label", "node", f"{context}-real-node", f"{REGION}-")
+            kube(context, "delete", "-n", GUIDE, "-f", "-", stdin=ARGO_EXECUTOR_RBAC)
+        kube(TARGET, "delete", "-f", str(crd))
 
 
 def test_helm_upgrade_rolls_the_agents_without_failed_admissions(

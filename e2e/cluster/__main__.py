@@ -103,12 +103,31 @@ def serve(args: argparse.Namespace) -> int:
 
         try:
             real_nodes, agent_image = prepare()  # built by `up` already: cached
+            if args.argo:
+                from e2e.image import build_argoexec_image
+
+                real_nodes.images.append(build_argoexec_image().archive)
         except Exception as e:
             _write_state(directory, supervisor=os.getpid(), phase="failed", error=str(e))
             return 1
-    argo_bin = build(group="argo") if args.argo else None  # built by `up` already: cached
+    argo_bin = executor = None
+    try:
+        if args.argo:
+            argo_bin = build(group="argo")  # built by `up` already: cached
+        if args.argo and real_nodes is not None:
+            from e2e.image import build_argoexec_image
+
+            executor = build_argoexec_image().name  # cached too
+    except Exception as e:
+        _write_state(directory, supervisor=os.getpid(), phase="failed", error=str(e))
+        return 1
     bed = TestBed(
-        parse_specs(args), directory, Path(args.bin_dir), real_nodes=real_nodes, argo_bin=argo_bin
+        parse_specs(args),
+        directory,
+        Path(args.bin_dir),
+        real_nodes=real_nodes,
+        argo_bin=argo_bin,
+        argo_executor_image=executor,
     )
     try:
         bed.up(timeout=args.timeout)
@@ -182,6 +201,10 @@ def up(args: argparse.Namespace) -> int:
             from e2e.realnode import prepare
 
             prepare()
+        if args.argo and args.real_nodes:
+            from e2e.image import build_argoexec_image
+
+            build_argoexec_image()
     except Exception as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

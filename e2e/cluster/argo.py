@@ -34,10 +34,10 @@ CONFIGURATION = {
     "metricsConfig": "enabled: false\n",
     "telemetryConfig": "enabled: false\n",
 }
-EXECUTOR_IMAGE = "quay.io/argoproj/argoexec:{version}"
+EXECUTOR_IMAGE = "quay.io/argoproj/argoexec:{version}"  # unless the bed has one of its own
 
 
-def process(cluster: Cluster, argo_bin: Path, version: str) -> Process:
+def process(cluster: Cluster, argo_bin: Path, executor_image: str) -> Process:
     """The controller, watching every namespace, as Argo's cluster install runs it."""
     return Process(
         f"{cluster.name}/{PROCESS}",
@@ -46,7 +46,7 @@ def process(cluster: Cluster, argo_bin: Path, version: str) -> Process:
             f"--kubeconfig={cluster.dir / f'{PROCESS}.kubeconfig'}",
             f"--namespace={NAMESPACE}",
             f"--configmap={CONFIGMAP}",
-            f"--executor-image={EXECUTOR_IMAGE.format(version=version)}",
+            f"--executor-image={executor_image}",
             "--loglevel=info",
         ],
         cluster.dir / "logs" / f"{PROCESS}.log",

@@ -173,6 +173,7 @@ class Cluster:
         self.admin: KeyPair | None = None
         self.real_node: RealNode | None = None
         self.argo_bin: Path | None = None  # Argo Workflows' build, when the spec asks for it
+        self.argo_executor_image: str | None = None  # None: Argo's release image, by name
         # Addresses besides 127.0.0.1 where clients reach the API server (pods of real nodes).
         self.server_addresses: tuple[str, ...] = ()
 
@@ -449,9 +450,10 @@ class Cluster:
         if self.spec.argo:
             assert self.argo_bin is not None
             versions = json.loads((self.argo_bin / "versions.json").read_text())
-            self.processes[argo.PROCESS] = argo.process(
-                self, self.argo_bin, versions["argo-workflows"]
+            image = self.argo_executor_image or argo.EXECUTOR_IMAGE.format(
+                version=versions["argo-workflows"]
             )
+            self.processes[argo.PROCESS] = argo.process(self, self.argo_bin, image)
 
     def start_argo(self) -> None:
         """Argo's CRDs and configuration, then its controller (once the control plane runs)."""
@@ -648,6 +650,7 @@ class TestBed:
         bin_dir: Path,
         real_nodes: RealNodes | None = None,
         argo_bin: Path | None = None,
+        argo_executor_image: str | None = None,
     ) -> None:
         names = [s.name for s in specs]
         if not names or len(set(names)) != len(names):
@@ -670,6 +673,9 @@ class TestBed:
                 raise ValueError("clusters with Argo Workflows need argo_bin (build group argo)")
             for cluster in self.clusters.values():
                 cluster.argo_bin = argo_bin
+                # The image real nodes hold (e2e.image.build_argoexec_image); fake nodes run
+                # no container, and any name does.
+                cluster.argo_executor_image = argo_executor_image
 
     def _add_real_nodes(self, setup: RealNodes) -> None:
         from e2e.realnode.node import HOST_ADDRESS, RealNode

@@ -1,5 +1,20 @@
-"""The agent's image and the real nodes' pause image, built on this machine (no registry)."""
+"""The agent's image, the real nodes' pause image and Argo Workflows' executor for them, built on
+this machine (no registry)."""
 
-from .builder import Image, ImageError, build_agent_image, build_pause_image, push
+from .builder import (
+    Image,
+    ImageError,
+    build_agent_image,
+    build_argoexec_image,
+    build_pause_image,
+    push,
+)
 
-__all__ = ["Image", "ImageError", "build_agent_image", "build_pause_image", "push"]
+__all__ = [
+    "Image",
+    "ImageError",
+    "build_agent_image",
+    "build_argoexec_image",
+    "build_pause_image",
+    "push",
+]

@@ -1,4 +1,5 @@
-"""The agent's image, built here from the project's Dockerfile, and the real nodes' pause image.
+"""The agent's image, built here from the project's Dockerfile, and the real nodes' pause image
+(and Argo Workflows' executor, for the Argo tests on real nodes).
 
 With a Docker daemon that answers, ``docker build`` builds the Dockerfile as it is (its base,
 ``python:3.12-slim``, comes from Docker Hub). Without one, and with no registry to pull a base
@@ -11,7 +12,8 @@ the image is also saved as an archive (docker-archive format) that containerd im
 
 Everything is cached under ``~/.cache/multicluster-scheduler/image``, keyed by what it is made
 of: the base by its pin, the agent's image by the Dockerfile, pyproject, README and sources (and
-the base), the pause image by its source and Go version. A warm build is a look-up.
+the base), the pause image by its source and Go version, the executor's by its binary's pin. A
+warm build is a look-up.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ IMAGE_SOURCES = ("multicluster", "multicluster_scheduler")
 AGENT_REPOSITORY = "localhost/multicluster-scheduler"
 BASE_REPOSITORY = "localhost/multicluster-scheduler-base"
 PAUSE_REPOSITORY = "localhost/multicluster-scheduler-e2e/pause"
+ARGOEXEC_REPOSITORY = "localhost/multicluster-scheduler-e2e/argoexec"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # Bumped when the way the base is made changes (not only what the pin says).
 BASE_RECIPE = 1
@@ -381,32 +384,67 @@ def build_agent_image(log=None) -> Image:
 
 def build_pause_image(log=None) -> Image:
     """The sandbox image of real nodes: a static Go program that waits (cached)."""
+    gover = go_version()
+
+    def compile_pause(context: Path, build_log: Path) -> None:
+        binary = str(context / "pause")
+        argv = ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", binary, str(PAUSE_SOURCE)]
+        _run(argv, build_log, "go build pause", env=go_env(), cwd=context)
+
+    return _static_image(
+        "pause",
+        PAUSE_REPOSITORY,
+        _digest(PAUSE_SOURCE.read_bytes(), gover.encode()),
+        compile_pause,
+        'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n',
+        log,
+    )
+
+
+def build_argoexec_image(log=None) -> Image:
+    """Argo Workflows' executor for real nodes (cached): its binary, built from its Go module
+    (the ``argo`` group of pins.toml), where Argo's own image has it (``/bin/argoexec``, the
+    entrypoint), with an empty ``/tmp``. Its ``init`` container copies it into every workflow
+    pod, whose main container then runs under it."""
+    from e2e.testbin.builder import build as build_tools
+
+    binary = (build_tools(log, group="argo") / "argoexec").resolve()
+
+    def copy_binary(context: Path, build_log: Path) -> None:
+        shutil.copyfile(binary, context / "argoexec")
+        (context / "argoexec").chmod(0o755)
+        (context / "tmp").mkdir(mode=0o1777)
+        (context / "tmp" / ".keep").touch()  # a folder with nothing in it is not copied
+
+    return _static_image(
+        "argoexec",
+        ARGOEXEC_REPOSITORY,
+        _digest(str(binary).encode()),  # the path names the pinned version and Go
+        copy_binary,
+        'FROM scratch\nCOPY argoexec /bin/argoexec\nCOPY tmp /tmp\nENTRYPOINT ["argoexec"]\n',
+        log,
+    )
+
+
+def _static_image(name, repository, key, prepare, dockerfile, log) -> Image:
+    """An image of a static binary (no base), built once per ``key``: ``prepare(context,
+    log_path)`` puts its files in the build context."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     started = time.monotonic()
     build = builder(log)
     cache = cache_root()
-    gover = go_version()
-    key = _digest(PAUSE_SOURCE.read_bytes(), gover.encode(), build.name.encode())[:12]
-    image = f"{PAUSE_REPOSITORY}:{key}"
-    archive = cache / f"pause-{key}.tar"
+    key = _digest(key.encode(), build.name.encode())[:12]
+    image = f"{repository}:{key}"
+    archive = cache / f"{name}-{key}.tar"
     with _Locked(cache):
         if not (archive.exists() and build.exists(image)):
             logs = cache / "logs"
             logs.mkdir(parents=True, exist_ok=True)
-            build_log = logs / f"pause-{key}.log"
+            build_log = logs / f"{name}-{key}.log"
             with tempfile.TemporaryDirectory(dir=cache) as tmp:
                 context = Path(tmp)
-                binary = str(context / "pause")
-                _run(
-                    ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", binary, str(PAUSE_SOURCE)],
-                    build_log,
-                    "go build pause",
-                    env=go_env(),
-                    cwd=context,
-                )
-                (context / "Dockerfile").write_text(
-                    'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n'
-                )
+                prepare(context, build_log)
+                (context / "Dockerfile").write_text(dockerfile)
                 build.build(context, image, {}, build_log)
             partial = archive.with_suffix(".partial")
             partial.unlink(missing_ok=True)

@@ -30,6 +30,7 @@ KWOK_STAGES_DIR = "kwok-stages"
 CRDS_DIR = "crds"
 # Files a tool's module ships that the test bed reads (its field: the folder they are copied to).
 MODULE_FILES = {"stages": KWOK_STAGES_DIR, "crds": CRDS_DIR}
+LATER_FIELDS = ("crds", "symlinks")
 
 
 class BuildError(RuntimeError):
@@ -46,14 +47,19 @@ class Tool:
     staging_version: str | None = None
     stages: list[str] = field(default_factory=list)
     crds: list[str] = field(default_factory=list)  # CustomResourceDefinitions, applied by the bed
+    # Symlinks of the repository that its module zip leaves out (path: target), restored in a
+    # copy of the module that the build then uses.
+    symlinks: dict[str, str] = field(default_factory=dict)
     stamp: dict[str, str] = field(default_factory=dict)
     group: str = ""  # "": the test bed's own; otherwise built only when that group is asked for
 
     def fingerprint(self) -> str:
         """Changes with anything that changes the build's output (not with its group; nor with
-        ``crds`` while empty: that field came later, and every other tool's key stays)."""
+        a field added later while it is empty: every other tool's key stays)."""
         spec = {
-            k: v for k, v in self.__dict__.items() if k != "group" and not (k == "crds" and not v)
+            k: v
+            for k, v in self.__dict__.items()
+            if k != "group" and not (k in LATER_FIELDS and not v)
         }
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
 
@@ -140,6 +146,21 @@ def ldflags(tool: Tool) -> str:
     return " ".join(flags)
 
 
+def _with_symlinks(source: Path, copy: Path, symlinks: dict[str, str]) -> Path:
+    """A writable copy of a module's folder with the repository's symlinks put back."""
+    shutil.copytree(source, copy, symlinks=True)
+    for folder in (copy, *(p for p in copy.rglob("*") if p.is_dir())):
+        folder.chmod(0o755)  # the module cache is read-only
+    for path, target in symlinks.items():
+        link = copy / path
+        if link.exists() or link.is_symlink():
+            raise BuildError(f"{path} is in the module already: remove its symlinks pin")
+        if not (link.parent / target).is_file():
+            raise BuildError(f"{path} -> {target}: no such file in the module")
+        link.symlink_to(target)
+    return copy
+
+
 def build_tool(tool: Tool, gover: str, log) -> Path:
     """Build one tool into its cache folder unless it is already there; return its folder."""
     out = tool_dir(tool, gover)
@@ -156,6 +177,9 @@ def build_tool(tool: Tool, gover: str, log) -> Path:
     if tool.staging_version:
         replaces = staging_replaces(Path(info["GoMod"]).read_text(), tool.staging_version)
         lines += ["", "replace (", *replaces, ")"]
+    if tool.symlinks:
+        module = _with_symlinks(Path(info["Dir"]), out / "module", tool.symlinks)
+        lines += ["", f"replace {tool.module} => {module}"]
     (src / "go.mod").write_text("\n".join(lines) + "\n")
     _run(["go", "get", f"{tool.module}@{tool.version}"], src, log)
     binaries = out / "bin"
@@ -173,6 +197,7 @@ def build_tool(tool: Tool, gover: str, log) -> Path:
             (out / folder).mkdir(exist_ok=True)
             shutil.copyfile(source, out / folder / source.name)
     shutil.rmtree(src, ignore_errors=True)
+    shutil.rmtree(out / "module", ignore_errors=True)
     done.write_text(f"{time.monotonic() - started:.0f}\n")
     log(f"built {tool.name} {tool.version} in {time.monotonic() - started:.0f}s")
     return out

@@ -101,19 +101,39 @@ def test_a_group_changes_neither_a_tools_cache_key_nor_the_test_beds_folder(monk
 
 
 def test_argo_is_a_group_of_its_own_with_its_crds():
-    (argo,) = testbin.load_pins(group="argo")
-    assert argo.module == "github.com/argoproj/argo-workflows/v4"
-    assert argo.packages == ["github.com/argoproj/argo-workflows/v4/cmd/workflow-controller"]
-    kinds = {path.rsplit("_", 1)[1].removesuffix(".yaml") for path in argo.crds}
+    tools = {t.name: t for t in testbin.load_pins(group="argo")}
+    assert set(tools) == {"argo-workflows", "argoexec"}
+    controller, executor = tools["argo-workflows"], tools["argoexec"]
+    assert executor.version == controller.version, "the executor matches its controller"
+    assert controller.packages == ["github.com/argoproj/argo-workflows/v4/cmd/workflow-controller"]
+    assert executor.packages == ["github.com/argoproj/argo-workflows/v4/cmd/argoexec"]
+    kinds = {path.rsplit("_", 1)[1].removesuffix(".yaml") for path in controller.crds}
     assert {"workflows", "workflowtaskresults", "workflowtemplates", "cronworkflows"} <= kinds
-    assert testbin.ldflags(argo).endswith(
-        f"-X github.com/argoproj/argo-workflows/v4.version={argo.version}"
+    assert testbin.ldflags(controller).endswith(
+        f"-X github.com/argoproj/argo-workflows/v4.version={controller.version}"
     )
+
+
+def test_symlinks_a_module_zip_left_out_are_restored_in_a_copy(tmp_path):
+    module = tmp_path / "cache" / "m@v1.0.0"
+    (module / "os").mkdir(parents=True)
+    (module / "os" / "signal_darwin.go").write_text("package os\n")
+    for path in (module / "os" / "signal_darwin.go", module / "os", module):
+        path.chmod(0o555 if path.is_dir() else 0o444)  # as the module cache keeps them
+    copy = testbin._with_symlinks(
+        module, tmp_path / "module", {"os/signal_linux.go": "signal_darwin.go"}
+    )
+    assert (copy / "os" / "signal_linux.go").read_text() == "package os\n"
+    assert not (module / "os" / "signal_linux.go").exists()
+    with pytest.raises(testbin.BuildError, match="no such file"):
+        testbin._with_symlinks(module, tmp_path / "again", {"os/x.go": "missing.go"})
+    with pytest.raises(testbin.BuildError, match="in the module already"):
+        testbin._with_symlinks(module, tmp_path / "third", {"os/signal_darwin.go": "x.go"})
 
 
 def test_a_tool_without_crds_keeps_the_cache_key_it_had_before_crds_existed():
     tool = testbin.Tool(name="x", module="example.com/x", version="v1.0.0", packages=["a"])
-    before = {k: v for k, v in tool.__dict__.items() if k not in ("group", "crds")}
+    before = {k: v for k, v in tool.__dict__.items() if k not in ("group", "crds", "symlinks")}
     expected = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:8]
     assert tool.fingerprint() == expected
     with_crds = testbin.Tool(**{**tool.__dict__, "crds": ["crd.yaml"]})
