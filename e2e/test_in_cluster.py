@@ -10,8 +10,8 @@
   clusters, the region patch, ``expose``.
 - ``kubectl logs`` and ``exec`` on proxy pods: the API server calls the kubelet API served
   from the leading agent's pod.
-- An Argo workflow with Argo's real executor in the containers: an output parameter made in
-  cluster1 reaches a step in cluster2.
+- An Argo workflow with Argo's real executor in the containers: output parameters pass from
+  cluster1 to cluster2 and back.
 - ``helm upgrade`` rolls the agents while elected pods keep being created: none is refused.
 - The leading pod killed: the other leads within the Lease's duration; deleted: at once.
 - ``helm uninstall`` after the documented clean-up leaves nothing of ours but what the docs say
@@ -324,9 +324,11 @@ subjects: [{kind: ServiceAccount, name: default}]
 
 
 def argo_workflow(image: str) -> str:
-    """A DAG of two elected steps on the real nodes (Argo's executor runs in containers): one in
-    cluster1 writes an output parameter, the next in cluster2 prints it."""
+    """A DAG of three elected steps on the real nodes (Argo's executor runs in containers): one
+    in cluster1 writes an output parameter; the next, in cluster2, gets it as an argument and
+    writes its reply; the last, in cluster1 again, prints that reply."""
     toleration = f"{{key: {REAL_NODE_KEY}, operator: Exists, effect: NoSchedule}}"
+    write = "import sys; open('/tmp/out', 'w').write(' '.join(sys.argv[1:]))"
     return f"""apiVersion: argoproj.io/v1alpha1
 kind: Workflow
 metadata: {{name: relay}}
@@ -338,41 +340,56 @@ spec:
   - name: main
     dag:
       tasks:
-      - {{name: produce, template: produce}}
-      - name: consume
-        depends: produce
-        template: consume
+      - name: produce
+        template: write
         arguments:
           parameters:
-          - {{name: message, value: "{{{{tasks.produce.outputs.parameters.message}}}}"}}
-  - name: produce
+          - {{name: region, value: us}}
+          - {{name: text, value: made in cluster1}}
+      - name: reply
+        depends: produce
+        template: write
+        arguments:
+          parameters:
+          - {{name: region, value: eu}}
+          - name: text
+            value: "cluster2 got: {{{{tasks.produce.outputs.parameters.out}}}}"
+      - name: finish
+        depends: reply
+        template: print
+        arguments:
+          parameters:
+          - {{name: text, value: "{{{{tasks.reply.outputs.parameters.out}}}}"}}
+  - name: write
+    inputs: {{parameters: [{{name: region}}, {{name: text}}]}}
+    nodeSelector: {{{REAL_NODE_KEY}: "true", {REGION}: "{{{{inputs.parameters.region}}}}"}}
+    container:
+      image: {image}
+      imagePullPolicy: Never
+      command: [python3, -c, "{write}", "{{{{inputs.parameters.text}}}}"]
+    outputs:
+      parameters:
+      - {{name: out, valueFrom: {{path: /tmp/out}}}}
+  - name: print
+    inputs: {{parameters: [{{name: text}}]}}
     nodeSelector: {{{REAL_NODE_KEY}: "true", {REGION}: us}}
     container:
       image: {image}
       imagePullPolicy: Never
-      command: [python3, -c, "open('/tmp/message', 'w').write('made in cluster1')"]
-    outputs:
-      parameters:
-      - {{name: message, valueFrom: {{path: /tmp/message}}}}
-  - name: consume
-    inputs: {{parameters: [{{name: message}}]}}
-    nodeSelector: {{{REAL_NODE_KEY}: "true", {REGION}: eu}}
-    container:
-      image: {image}
-      imagePullPolicy: Never
-      command: [python3, -c, "print('{{{{inputs.parameters.message}}}}')"]
+      command: [python3, -c, "import sys; print(sys.argv[1])", "{{{{inputs.parameters.text}}}}"]
 """
 
 
-def test_an_argo_workflow_with_its_real_executor_passes_an_output_to_another_cluster(
+def test_an_argo_workflow_with_its_real_executor_passes_outputs_between_clusters(
     real_node_testbed, installed, joined, kube: Kubectl, bed: TestBed
 ):
     """Argo's controller in cluster1, its executor (argoexec, built from its module) in the
-    pods' containers on the real nodes: a step in cluster1 writes an output parameter, which its
-    executor reports; the next step, in cluster2, gets it as an argument and prints it, and
-    ``kubectl logs`` on its proxy pod shows what the real container printed there. Cluster2
-    has Argo's WorkflowTaskResult CRD and the executor's RBAC, as Argo's docs ask of every
-    cluster where its executor runs."""
+    pods' containers on the real nodes. Outputs go both ways: a step's output parameter, which
+    its executor reports where it runs, reaches the next step in the other cluster, and the
+    reply of the step in cluster2 comes back (its task result brought to cluster1 by the
+    agent) for the last step, whose real container prints it (``kubectl logs`` on its proxy
+    pod). Cluster2 has Argo's WorkflowTaskResult CRD and the executor's RBAC, as Argo asks of
+    every cluster where its executor runs."""
     _, image = real_node_testbed
     nodes = joined
     crd = bed[SOURCE].argo_bin / "crds" / "argoproj.io_workflowtaskresults.yaml"
@@ -396,24 +413,34 @@ def test_an_argo_workflow_with_its_real_executor_passes_an_output_to_another_clu
         )
         steps = {n["displayName"]: n for n in done["status"]["nodes"].values()}
         assert done["status"]["phase"] == "Succeeded", steps
-        produced = steps["produce"]["outputs"]["parameters"]
-        assert [(p["name"], p["value"]) for p in produced] == [("message", "made in cluster1")]
-        assert steps["produce"]["hostNodeName"] == nodes[0]
-        assert steps["consume"]["hostNodeName"] == nodes[1]
-        consumer = next(
-            p["metadata"]["name"]
+        outputs = {
+            name: [(p["name"], p["value"]) for p in steps[name]["outputs"]["parameters"]]
+            for name in ("produce", "reply")
+        }
+        assert outputs == {
+            "produce": [("out", "made in cluster1")],
+            "reply": [("out", "cluster2 got: made in cluster1")],
+        }
+        where = {name: steps[name]["hostNodeName"] for name in ("produce", "reply", "finish")}
+        assert where == {"produce": nodes[0], "reply": nodes[1], "finish": nodes[0]}
+        by_step = {
+            p["metadata"]["annotations"].get("workflows.argoproj.io/node-name"): p["metadata"]
             for p in proxies(kube, GUIDE)
-            if p["metadata"]["annotations"].get("workflows.argoproj.io/node-name")
-            == "relay.consume"
-        )
+        }
         (delegate,) = (
             d
             for d in delegates(kube, TARGET, GUIDE)
-            if d["metadata"]["annotations"][PREFIX + "parent-name"] == consumer
+            if d["metadata"]["annotations"][PREFIX + "parent-name"]
+            == by_step["relay.reply"]["name"]
         )
         assert delegate["spec"]["nodeName"] == f"{TARGET}-real-node"
-        logged = kube(SOURCE, "logs", consumer, "-n", GUIDE, "-c", "main")
-        assert "made in cluster1" in logged.splitlines()
+        # The reply's task result came back to cluster1 (where Argo read it) and is gone from
+        # cluster2, where its executor wrote it.
+        left = kube.json(TARGET, "get", "workflowtaskresults", "-n", GUIDE)["items"]
+        assert left == []
+        # What the last step's real container printed, from its proxy pod.
+        logged = kube(SOURCE, "logs", by_step["relay.finish"]["name"], "-n", GUIDE, "-c", "main")
+        assert "cluster2 got: made in cluster1" in logged.splitlines()
     finally:
         kube(SOURCE, "delete", "workflow", "relay", "-n", GUIDE, "--ignore-not-found")
         wait_for(lambda: nothing_left(kube, GUIDE), 90, what="no proxy nor delegate left")

@@ -13,6 +13,9 @@ A target that goes away keeps its proxy pods (they may well still run there) unl
 failover setting: once it has been away that long, its proxy pods are released (deleted, as the
 node lifecycle controller evicts pods from a lost node) so that owners replace them elsewhere,
 and their delegates are deleted as orphans when the target is back.
+
+An Argo workflow step's task result (its outputs) is brought back from the target before its
+proxy pod is shown finished (:mod:`.argo`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ..api.proxy import (
 from ..targets.delegates import DelegateLookup
 from ..targets.registry import TargetConnection
 from ..targets.release import RECHECK, ProxyRelease
+from .argo import TaskResults
 from .status import annotation_patch, status_patch
 
 log = logging.getLogger(__name__)
@@ -64,6 +68,7 @@ class PodSync:
         self.cluster_name = lookup.cluster_name
         self.events = EventRecorder(local.client, "admiralty-virtual-kubelet")
         self.ending = ProxyRelease(local, lookup, self.events)
+        self.task_results = TaskResults(local, self.events)
         # Pods that are not proxies, by the virtual node they are bound to.
         self.foreign: dict[str, Registration] = {}
         self.proxies = lookup.proxies  # the shared cache of proxy pods, indexed by uid
@@ -226,6 +231,7 @@ class BoundProxies:
         self.ending = pods.ending
         self.local = pods.local
         self.events = pods.events
+        self.task_results = pods.task_results
 
     async def reconcile(self, request: Request) -> Result | None:
         proxy = self.proxies.get(request.name, request.namespace)
@@ -288,6 +294,8 @@ class BoundProxies:
         patch = status_patch(proxy, delegate)
         if not patch:
             return
+        if is_terminal(delegate):  # Argo reads a step's outputs when it sees its pod finished
+            await self.task_results.carry(proxy, connection, delegate)
         await self.local.client.patch(
             PODS, meta["name"], {"status": patch}, meta["namespace"], subresource="status"
         )
