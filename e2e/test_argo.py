@@ -59,9 +59,12 @@ STEP = """  - name: step
       resources: {requests: {cpu: 10m, memory: 16Mi}}
 """
 
-# Fails on its first attempt, wherever that is, and succeeds on the next, which Argo's
-# nodeAntiAffinity sends away from the failed pod's node: the virtual node of that target.
-FLAKY = f"""  - name: flaky
+
+def retried(name: str, exit_code: str) -> str:
+    """A template retried once on another node (Argo's nodeAntiAffinity: away from the failed
+    pod's node, here the virtual node of the target it failed in), whose containers end with
+    ``exit_code`` (an Argo expression may choose it by attempt)."""
+    return f"""  - name: {name}
     retryStrategy:
       limit: "1"
       retryPolicy: Always
@@ -69,12 +72,13 @@ FLAKY = f"""  - name: flaky
         nodeAntiAffinity: {{}}
     metadata:
       annotations:
-        {EXIT_CODE}: "{{{{=retries == '0' ? '1' : '0'}}}}"
+        {EXIT_CODE}: "{exit_code}"
     container:
       image: busybox
       command: [sh, -c, "exit 1"]
       resources: {{requests: {{cpu: 10m, memory: 16Mi}}}}
 """
+
 
 ACROSS = (
     """apiVersion: argoproj.io/v1alpha1
@@ -108,7 +112,8 @@ spec:
         template: flaky
 """
     + STEP
-    + FLAKY
+    # Fails on its first attempt, wherever that is, and succeeds on the next.
+    + retried("flaky", "{{=retries == '0' ? '1' : '0'}}")
 )
 
 ALWAYS_FAILS = (
@@ -120,21 +125,8 @@ spec:
   entrypoint: broken
 """
     + POD_METADATA
-    + f"""  templates:
-  - name: broken
-    retryStrategy:
-      limit: "1"
-      retryPolicy: Always
-      affinity:
-        nodeAntiAffinity: {{}}
-    metadata:
-      annotations:
-        {EXIT_CODE}: "1"
-    container:
-      image: busybox
-      command: [sh, -c, "exit 1"]
-      resources: {{requests: {{cpu: 10m, memory: 16Mi}}}}
-"""
+    + "  templates:\n"
+    + retried("broken", "1")
 )
 
 
