@@ -4,20 +4,30 @@ Argo's executor, in the ``wait`` container of every workflow pod, reports a step
 (output parameters, artifacts, progress) in a WorkflowTaskResult named after the step's node,
 through the API server of the cluster it runs in. For a delegate, that is the target's: Argo's
 controller, in the source, would never see it, and a later step that uses the outputs would
-fail. So before the virtual kubelet shows a finished delegate's phase on its proxy pod, it
-copies the task result from the target into the proxy pod's namespace (where the executor would
-have written it) and deletes it from the target.
+wait for them. So before the virtual kubelet shows a finished delegate's phase on its proxy
+pod, it copies the task result from the target into the proxy pod's namespace (where the
+executor would have written it) and deletes it from the target.
 
-Everything written comes from the proxy pod, which Argo's controller made, except the step's
-own results (phase, message, outputs, progress), which the target ran and reports anyway: the
-copy's name is the proxy pod's node ID, its workflow label and owner the proxy pod's Workflow.
-A target cannot write the result of another step, of another workflow or in another namespace.
+What a target reports is checked before anything is written:
+
+- The copy's name, namespace, workflow label, instance label and owner come from the proxy pod,
+  which Argo's controller made; the node ID it names must be the one Argo derives from the
+  pod's own name (a target that rewrites the pod's node-ID annotation names nothing else).
+- The result must be the executor's for that Workflow: owned by its uid, labelled with its name.
+- Of the result, only the step's own outputs and progress are taken; the exit code is Argo's
+  controller's to read from the pod, and an output artifact that names a Secret the step's pod
+  does not use is dropped: a later step would mount it and hand it to whatever the artifact's
+  location says.
+
+As in Argo, the namespace is the boundary of trust: whoever may create pods in it can already
+make Argo's controller believe a step's phase.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from multicluster.resources import Resource
@@ -26,11 +36,11 @@ GROUP = "argoproj.io"
 VERSION = "v1alpha1"
 WORKFLOW_TASK_RESULTS = Resource(GROUP, VERSION, "workflowtaskresults", "WorkflowTaskResult")
 WORKFLOW_LABEL = f"workflows.{GROUP}/workflow"
+INSTANCE_LABEL = f"workflows.{GROUP}/controller-instanceid"
 NODE_ID_ANNOTATION = f"workflows.{GROUP}/node-id"
 COMPLETED_LABEL = f"workflows.{GROUP}/report-outputs-completed"
-# What a task result reports of its step (Argo's NodeResult), each with the type it must have.
-RESULT_FIELDS: dict[str, type] = {"phase": str, "message": str, "outputs": dict, "progress": str}
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_SECRET_KEY = re.compile(r"(?i).*secret(ref)?$")
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,8 @@ class StepPod:
     namespace: str
     node_id: str  # the step's node, and the name of its task result
     workflow: dict  # the owner reference to its Workflow
+    instance_id: str | None = None  # Argo's controller-instanceid label, when it has one
+    secrets: frozenset[str] = field(default_factory=frozenset)  # the Secrets the pod uses
 
     @property
     def workflow_name(self) -> str:
@@ -48,60 +60,143 @@ class StepPod:
 
 def step_pod(proxy: dict) -> StepPod | None:
     """The step a proxy pod runs, when Argo's controller made it for a Workflow: it has the
-    workflow label and node-ID annotation Argo gives its pods, and that Workflow as its
-    controlling owner. None for any other pod."""
+    workflow label and node-ID annotation Argo gives its pods, a node ID that Argo's naming
+    derives from the pod's name, and that Workflow as its controlling owner. None for any other
+    pod. ``proxy``: as cached (:func:`~.proxy.slim_proxy`: ``references`` lists what it uses)."""
     meta = proxy.get("metadata") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     workflow, node_id = labels.get(WORKFLOW_LABEL), annotations.get(NODE_ID_ANNOTATION)
     if not isinstance(node_id, str) or not _NAME.fullmatch(node_id) or not workflow:
         return None
-    owner = next(
-        (
-            ref
-            for ref in meta.get("ownerReferences") or ()
-            if isinstance(ref, dict)
-            and ref.get("controller") is True
-            and ref.get("apiVersion") == f"{GROUP}/{VERSION}"
-            and ref.get("kind") == "Workflow"
-            and ref.get("name") == workflow
-            and ref.get("uid")
-        ),
-        None,
+    if node_id not in _node_ids_named_by(meta.get("name") or "", workflow):
+        return None
+    owner = next((ref for ref in meta.get("ownerReferences") or () if _is_workflow(ref)), None)
+    if owner is None or owner.get("name") != workflow:
+        return None
+    namespace = meta.get("namespace") or ""
+    prefix = f"Secret:{namespace}/"
+    secrets = frozenset(
+        ref.removeprefix(prefix)
+        for ref in proxy.get("references") or ()
+        if isinstance(ref, str) and ref.startswith(prefix)
     )
-    if owner is None:
-        return None
-    reference = {k: owner[k] for k in ("apiVersion", "kind", "name", "uid")}
-    return StepPod(meta.get("namespace") or "", node_id, reference)
+    instance = labels.get(INSTANCE_LABEL)
+    return StepPod(
+        namespace,
+        node_id,
+        {k: owner[k] for k in ("apiVersion", "kind", "name", "uid")},
+        instance if isinstance(instance, str) else None,
+        secrets,
+    )
 
 
-def result_copy(step: StepPod, found: dict) -> dict | None:
+def _node_ids_named_by(pod_name: str, workflow: str) -> set[str]:
+    """The node IDs Argo's pod naming allows for a pod of that name: the pod's name itself
+    (``POD_NAMES=v1``), the workflow's name (its root node's pod), or the workflow's name and
+    the hash that ends the pod's name (v2, the default: ``<workflow>-<template>-<hash>`` runs
+    node ``<workflow>-<hash>``)."""
+    ids = {pod_name}
+    if pod_name == workflow:
+        ids.add(workflow)
+    _, _, digits = pod_name.rpartition("-")
+    if digits.isdigit() and pod_name.startswith(f"{workflow}-"):
+        ids.add(f"{workflow}-{digits}")
+    return ids
+
+
+def _is_workflow(ref: Any) -> bool:
+    return (
+        isinstance(ref, dict)
+        and ref.get("controller") is True
+        and ref.get("apiVersion") == f"{GROUP}/{VERSION}"
+        and ref.get("kind") == "Workflow"
+        and isinstance(ref.get("uid"), str)
+        and bool(ref["uid"])
+        and isinstance(ref.get("name"), str)
+    )
+
+
+@dataclass
+class Copy:
+    """What to write in the source, and the output artifacts left out (by name)."""
+
+    body: dict
+    dropped: list[str]
+
+
+def result_copy(step: StepPod, found: Any) -> Copy | None:
     """The task result to write in the source for ``step``, from the one its executor wrote in
-    the target (``found``); None when ``found`` is not this step's (another workflow's label)."""
-    meta = found.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    if meta.get("name") != step.node_id or labels.get(WORKFLOW_LABEL) != step.workflow_name:
+    the target (``found``, as the target answered); None when ``found`` is not that executor's
+    (another name, workflow or owner, or not an object at all)."""
+    meta = found.get("metadata") if isinstance(found, dict) else None
+    if not isinstance(meta, dict) or meta.get("name") != step.node_id:
         return None
-    completed = labels.get(COMPLETED_LABEL)
-    copy: dict[str, Any] = {
+    labels = meta.get("labels")
+    if not isinstance(labels, dict):
+        return None
+    if labels.get(WORKFLOW_LABEL) != step.workflow_name:
+        return None
+    owners = meta.get("ownerReferences")
+    if not isinstance(owners, list) or not any(
+        isinstance(ref, dict) and ref.get("uid") == step.workflow["uid"] for ref in owners
+    ):
+        return None
+    copy_labels = {
+        WORKFLOW_LABEL: step.workflow_name,
+        # The delegate has ended: nothing more can come, and Argo waits for "true".
+        COMPLETED_LABEL: "true",
+    }
+    if step.instance_id is not None:
+        copy_labels[INSTANCE_LABEL] = step.instance_id
+    body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "WorkflowTaskResult",
         "metadata": {
             "name": step.node_id,
             "namespace": step.namespace,
-            "labels": {
-                WORKFLOW_LABEL: step.workflow_name,
-                # Argo waits for "true" before it uses the outputs; "false" from a target whose
-                # executor did not finish is kept, and Argo's own timeout applies.
-                COMPLETED_LABEL: "true" if completed == "true" else "false",
-            },
+            "labels": copy_labels,
             "ownerReferences": [dict(step.workflow)],
         },
     }
-    for name, kind in RESULT_FIELDS.items():
-        value = found.get(name)
-        if isinstance(value, kind):
-            copy[name] = value
-    return copy
+    dropped: list[str] = []
+    outputs = found.get("outputs")
+    if isinstance(outputs, dict):
+        body["outputs"] = _outputs(outputs, step.secrets, dropped)
+    if isinstance(found.get("progress"), str):
+        body["progress"] = found["progress"]
+    return Copy(body, dropped)
+
+
+def _outputs(outputs: dict, allowed: frozenset[str], dropped: list[str]) -> dict:
+    kept = {k: v for k, v in outputs.items() if k != "exitCode"}  # the controller's to read
+    artifacts = outputs.get("artifacts")
+    if isinstance(artifacts, list):
+        kept["artifacts"] = []
+        for artifact in artifacts:
+            names = {n if isinstance(n, str) else None for n in _secret_names(artifact)}
+            if isinstance(artifact, dict) and names <= allowed:
+                kept["artifacts"].append(artifact)
+            else:
+                name = artifact.get("name") if isinstance(artifact, dict) else None
+                dropped.append(name if isinstance(name, str) else "?")
+    return kept
+
+
+def _secret_names(value: Any, key: str = "", depth: int = 0) -> Iterator[Any]:
+    """The Secrets an artifact's location names: every ``...Secret`` or ``...SecretRef`` key
+    selector in it (``passwordSecret``, ``accessKeySecret``, ``sshPrivateKeySecret``...); a
+    location nested deeper than any Argo has is taken as naming one it cannot show."""
+    if depth > 16:
+        yield None  # matches no Secret the pod uses
+        return
+    if isinstance(value, dict):
+        if _SECRET_KEY.fullmatch(key) and "name" in value:
+            yield value["name"]
+        for k, v in value.items():
+            yield from _secret_names(v, str(k), depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _secret_names(item, key, depth + 1)
 
 
 def differs(mine: dict, copy: dict) -> bool:
@@ -109,4 +204,10 @@ def differs(mine: dict, copy: dict) -> bool:
     mine_labels = (mine.get("metadata") or {}).get("labels") or {}
     if any(mine_labels.get(k) != v for k, v in copy["metadata"]["labels"].items()):
         return True
-    return any(mine.get(name) != copy.get(name) for name in RESULT_FIELDS if name in copy)
+    return any(mine.get(name) != copy[name] for name in ("outputs", "progress") if name in copy)
+
+
+def owned_by(obj: dict, step: StepPod) -> bool:
+    """Whether a task result found in the source is this step's Workflow's."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return any(isinstance(r, dict) and r.get("uid") == step.workflow["uid"] for r in owners)

@@ -23,6 +23,9 @@ NAMESPACE_ENABLED_VALUE = "enabled"
 
 # Proxy pods.
 SOURCEPOD_MANIFEST = PREFIX + "sourcepod-manifest"
+# On a proxy pod: the keys of the annotations it got from its delegate (comma-separated), the
+# only ones a target may change later; the pod's own are never changed from a target.
+MIRRORED_ANNOTATIONS = PREFIX + "mirrored-annotations"
 PROXY_SCHEDULER_NAME = "admiralty-proxy"
 # What a proxy pod asks of virtual nodes: a PodSpec fragment, or the pod's own constraints (then
 # taken off its delegate); no-reservation is what this scheduler always does (upstream v0.13).

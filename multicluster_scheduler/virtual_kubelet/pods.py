@@ -43,7 +43,7 @@ from ..api.proxy import (
 from ..targets.delegates import DelegateLookup
 from ..targets.registry import TargetConnection
 from ..targets.release import RECHECK, ProxyRelease
-from .argo import TaskResults
+from .argo import NOT_COPIED, TaskResults
 from .status import annotation_patch, status_patch
 
 log = logging.getLogger(__name__)
@@ -295,7 +295,9 @@ class BoundProxies:
         if not patch:
             return
         if is_terminal(delegate):  # Argo reads a step's outputs when it sees its pod finished
-            await self.task_results.carry(proxy, connection, delegate)
+            problem = await self.task_results.carry(proxy, connection)
+            if problem:
+                patch |= {"phase": "Failed", "reason": NOT_COPIED, "message": problem}
         await self.local.client.patch(
             PODS, meta["name"], {"status": patch}, meta["namespace"], subresource="status"
         )

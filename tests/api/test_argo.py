@@ -1,4 +1,5 @@
-"""Argo task results brought back from targets: which pods are steps, and what is written."""
+"""Argo task results brought back from targets: which pods are steps, and what is written (each
+check against what a hostile target or a tenant could send)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import pytest
 
 from multicluster_scheduler.api.argo import (
     COMPLETED_LABEL,
+    INSTANCE_LABEL,
     NODE_ID_ANNOTATION,
     WORKFLOW_LABEL,
     differs,
+    owned_by,
     result_copy,
     step_pod,
 )
@@ -25,15 +28,15 @@ OWNER = {
 }
 
 
-def proxy(**meta) -> dict:
+def proxy(name="relay-produce-1234", references=(), **meta) -> dict:
     base = {
-        "name": "relay-produce-1",
+        "name": name,
         "namespace": "team",
         "labels": {WORKFLOW_LABEL: "relay"},
         "annotations": {NODE_ID_ANNOTATION: "relay-1234"},
         "ownerReferences": [OWNER],
     }
-    return {"metadata": base | meta}
+    return {"metadata": base | meta, "references": list(references)}
 
 
 def reported(**changes) -> dict:
@@ -43,12 +46,12 @@ def reported(**changes) -> dict:
         "kind": "WorkflowTaskResult",
         "metadata": {
             "name": "relay-1234",
-            "namespace": "team-there",
+            "namespace": "team",
             "uid": "target-uid",
             "labels": {WORKFLOW_LABEL: "relay", COMPLETED_LABEL: "true"},
-            "ownerReferences": [{**OWNER, "uid": "whatever-the-target-says"}],
+            "ownerReferences": [{**OWNER, "blockOwnerDeletion": False}],
         },
-        "outputs": {"parameters": [{"name": "message", "value": "hello"}], "exitCode": "0"},
+        "outputs": {"parameters": [{"name": "message", "value": "hello"}]},
         "phase": "Succeeded",
         "progress": "1/1",
     }
@@ -56,11 +59,30 @@ def reported(**changes) -> dict:
     return found
 
 
+def step(**kwargs):
+    found = step_pod(proxy(**kwargs))
+    assert found is not None
+    return found
+
+
 def test_a_pod_of_an_argo_step_is_recognised_by_argos_own_marks():
-    step = step_pod(proxy())
-    assert step is not None
-    assert (step.namespace, step.node_id, step.workflow_name) == ("team", "relay-1234", "relay")
-    assert step.workflow == {k: OWNER[k] for k in ("apiVersion", "kind", "name", "uid")}
+    found = step()
+    assert (found.namespace, found.node_id, found.workflow_name) == ("team", "relay-1234", "relay")
+    assert found.workflow == {k: OWNER[k] for k in ("apiVersion", "kind", "name", "uid")}
+    assert found.instance_id is None
+
+
+@pytest.mark.parametrize(
+    ("name", "node_id"),
+    [
+        ("relay-produce-1234", "relay-1234"),  # Argo's pod names v2: the node's hash ends it
+        ("relay-1234", "relay-1234"),  # v1: the node's ID
+        ("relay", "relay"),  # the root node's pod
+    ],
+)
+def test_the_node_id_is_one_argos_naming_gives_the_pod(name, node_id):
+    annotations = {NODE_ID_ANNOTATION: node_id}
+    assert step(name=name, annotations=annotations).node_id == node_id
 
 
 @pytest.mark.parametrize(
@@ -70,6 +92,10 @@ def test_a_pod_of_an_argo_step_is_recognised_by_argos_own_marks():
         {"annotations": {}},
         {"annotations": {NODE_ID_ANNOTATION: "../other"}},
         {"annotations": {NODE_ID_ANNOTATION: "Relay-1234"}},
+        # A target that rewrote the annotation (or a tenant's pod) naming another step's node.
+        {"annotations": {NODE_ID_ANNOTATION: "relay-9999"}},
+        {"annotations": {NODE_ID_ANNOTATION: "relay"}},
+        {"name": "other-produce-1234"},
         {"ownerReferences": []},
         {"ownerReferences": [{**OWNER, "controller": False}]},
         {"ownerReferences": [{**OWNER, "name": "another"}]},
@@ -84,60 +110,116 @@ def test_any_other_pod_is_not_a_step(meta):
 
 
 def test_the_copy_takes_its_identity_from_the_proxy_pod_and_only_results_from_the_target():
-    step = step_pod(proxy())
-    assert step is not None
-    found = reported(spec={"anything": 1}, extra="dropped")
-    made = result_copy(step, found)
-    assert made == {
+    found = reported(spec={"anything": 1}, extra="dropped", message="from the target")
+    found["outputs"]["exitCode"] = "0"  # the controller's to read from the pod
+    made = result_copy(step(), found)
+    assert made is not None
+    assert made.dropped == []
+    assert made.body == {
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "WorkflowTaskResult",
         "metadata": {
             "name": "relay-1234",
             "namespace": "team",
             "labels": {WORKFLOW_LABEL: "relay", COMPLETED_LABEL: "true"},
-            "ownerReferences": [step.workflow],
+            "ownerReferences": [step().workflow],
         },
-        "outputs": found["outputs"],
-        "phase": "Succeeded",
+        "outputs": {"parameters": [{"name": "message", "value": "hello"}]},
         "progress": "1/1",
     }
 
 
+def test_argos_instance_label_is_kept_so_that_its_controller_sees_the_copy():
+    labels = {WORKFLOW_LABEL: "relay", INSTANCE_LABEL: "prod"}
+    made = result_copy(step(labels=labels), reported())
+    assert made is not None
+    assert made.body["metadata"]["labels"][INSTANCE_LABEL] == "prod"
+
+
+def test_a_result_not_yet_marked_complete_is_complete_once_the_delegate_has_ended():
+    found = reported()
+    found["metadata"]["labels"][COMPLETED_LABEL] = "false"
+    made = result_copy(step(), found)
+    assert made is not None
+    assert made.body["metadata"]["labels"][COMPLETED_LABEL] == "true"
+
+
 @pytest.mark.parametrize(
-    "changes",
+    "metadata",
     [
-        {"metadata": {"name": "relay-9999", "labels": {WORKFLOW_LABEL: "relay"}}},
-        {"metadata": {"name": "relay-1234", "labels": {WORKFLOW_LABEL: "other"}}},
-        {"metadata": {"name": "relay-1234"}},
+        {"name": "relay-9999", "labels": {WORKFLOW_LABEL: "relay"}, "ownerReferences": [OWNER]},
+        {"name": "relay-1234", "labels": {WORKFLOW_LABEL: "other"}, "ownerReferences": [OWNER]},
+        {"name": "relay-1234", "ownerReferences": [OWNER]},
+        # A namesake workflow's (another cluster's, or the target's own): another owner uid.
+        {
+            "name": "relay-1234",
+            "labels": {WORKFLOW_LABEL: "relay"},
+            "ownerReferences": [{**OWNER, "uid": "someone-else"}],
+        },
+        {"name": "relay-1234", "labels": {WORKFLOW_LABEL: "relay"}},
+        {"name": "relay-1234", "labels": ["not", "a", "map"], "ownerReferences": [OWNER]},
+        "not a map",
     ],
 )
-def test_a_result_of_another_step_or_workflow_is_not_copied(changes):
-    step = step_pod(proxy())
-    assert step is not None
-    assert result_copy(step, reported(**changes)) is None
+def test_a_result_of_another_step_workflow_or_owner_is_not_copied(metadata):
+    assert result_copy(step(), reported(metadata=metadata)) is None
 
 
-def test_results_of_the_wrong_type_and_odd_completion_labels_are_not_taken_as_they_are():
-    step = step_pod(proxy())
-    assert step is not None
-    found = reported(outputs="not a map", phase=["Succeeded"], message=3)
-    found["metadata"]["labels"][COMPLETED_LABEL] = "yes"
-    made = result_copy(step, found)
+@pytest.mark.parametrize("found", [None, [], "x", 3, {"metadata": None}])
+def test_answers_that_are_not_task_results_are_not_copied(found):
+    assert result_copy(step(), found) is None
+
+
+def test_results_of_the_wrong_type_are_left_out():
+    made = result_copy(step(), reported(outputs="not a map", progress=["1/1"]))
     assert made is not None
-    assert "outputs" not in made
-    assert "phase" not in made
-    assert "message" not in made
-    assert made["metadata"]["labels"][COMPLETED_LABEL] == "false"
+    assert "outputs" not in made.body
+    assert "progress" not in made.body
+
+
+def artifact(name: str, secret: str | None = None) -> dict:
+    location: dict = {"http": {"url": "https://target.example/x"}}
+    if secret:
+        location["http"]["auth"] = {"basicAuth": {"passwordSecret": {"name": secret, "key": "p"}}}
+    return {"name": name, **location}
+
+
+def test_output_artifacts_that_name_secrets_the_pod_does_not_use_are_dropped():
+    """A hostile target naming a Secret of the source's namespace in an artifact's location: a
+    later step would mount it and send it where the location says."""
+    found = reported(
+        outputs={
+            "artifacts": [
+                artifact("plain"),
+                artifact("steal", "db-admin"),
+                artifact("repo", "artifact-repo"),
+                {"name": "deep", "s3": {"x": [{"accessKeySecret": {"name": "db-admin"}}]}},
+                {"name": "odd", "git": {"sshPrivateKeySecret": {"name": {"not": "a name"}}}},
+                "not a map",
+            ]
+        }
+    )
+    made = result_copy(step(references=["Secret:team/artifact-repo", "ConfigMap:team/c"]), found)
+    assert made is not None
+    assert [a["name"] for a in made.body["outputs"]["artifacts"]] == ["plain", "repo"]
+    assert made.dropped == ["steal", "deep", "odd", "?"]
 
 
 def test_differs_when_a_label_or_a_result_is_not_yet_in_the_source():
-    step = step_pod(proxy())
-    assert step is not None
-    made = result_copy(step, reported())
+    made = result_copy(step(), reported())
     assert made is not None
-    mine = copy.deepcopy(made) | {"metadata": {**made["metadata"], "uid": "source-uid"}}
-    assert not differs(mine, made)
+    mine = copy.deepcopy(made.body)
+    mine["metadata"]["uid"] = "source-uid"
+    assert not differs(mine, made.body)
     pending = copy.deepcopy(mine)
     pending["metadata"]["labels"][COMPLETED_LABEL] = "false"
-    assert differs(pending, made)
-    assert differs({k: v for k, v in mine.items() if k != "outputs"}, made)
+    assert differs(pending, made.body)
+    assert differs({k: v for k, v in mine.items() if k != "outputs"}, made.body)
+
+
+def test_a_result_in_the_source_is_ours_to_update_only_if_its_workflow_owns_it():
+    assert owned_by(reported(), step())
+    other = reported()
+    other["metadata"]["ownerReferences"] = [{**OWNER, "uid": "someone-else"}]
+    assert not owned_by(other, step())
+    assert not owned_by({"metadata": {}}, step())

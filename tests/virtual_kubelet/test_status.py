@@ -218,6 +218,25 @@ def test_the_inputs_are_not_mutated():
     assert delegate == pod(RUNNING)
 
 
+def test_the_proxy_pod_keeps_the_disruption_target_condition_the_eviction_api_wrote():
+    """The Eviction API marks a pod DisruptionTarget before deleting it, and a Job's pod failure
+    policy reads it: the mirror keeps it, as a kubelet does."""
+    evicted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    have = {**copy.deepcopy(RUNNING), "conditions": [*RUNNING["conditions"], evicted]}
+    assert status_patch(pod(have), pod(RUNNING)) is None
+    ready = [{**c, "status": "False"} if c["type"] == "Ready" else c for c in RUNNING["conditions"]]
+    patch = status_patch(pod(have), pod({**RUNNING, "conditions": ready}))
+    assert patch == {"conditions": [*ready, evicted]}
+
+
+def test_the_delegate_s_own_disruption_target_condition_wins():
+    mine = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    theirs = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}
+    have = {**RUNNING, "conditions": [*RUNNING["conditions"], mine]}
+    want = {**RUNNING, "conditions": [*RUNNING["conditions"], theirs]}
+    assert status_patch(pod(have), pod(want)) == {"conditions": want["conditions"]}
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
@@ -245,19 +264,55 @@ def test_applying_the_patch_mirrors_the_delegate(have, want):
 # annotation_patch
 
 
-def test_annotations_outside_our_prefix_that_differ():
-    proxy = pod(annotations={"same": "1", "changed": "old", keys.SOURCEPOD_MANIFEST: "{}"})
+def test_annotations_the_target_adds_outside_our_prefix_flow_back_and_are_remembered():
+    proxy = pod(annotations={"same": "1", keys.SOURCEPOD_MANIFEST: "{}"})
     delegate = pod(
         annotations={
             "same": "1",
-            "changed": "new",
             "added": "x",
             keys.PARENT_NAME: "web",
             keys.PARENT_CLUSTER_NAME: "c1",
             keys.PREFIX + "anything": "y",
         }
     )
-    assert annotation_patch(proxy, delegate) == {"changed": "new", "added": "x"}
+    assert annotation_patch(proxy, delegate) == {
+        "added": "x",
+        keys.MIRRORED_ANNOTATIONS: "added",
+    }
+
+
+def test_an_annotation_the_target_added_may_change_there_and_here():
+    proxy = pod(annotations={"added": "x", keys.MIRRORED_ANNOTATIONS: "added"})
+    delegate = pod(annotations={"added": "y", "more": "z"})
+    assert annotation_patch(proxy, delegate) == {
+        "added": "y",
+        "more": "z",
+        keys.MIRRORED_ANNOTATIONS: "added,more",
+    }
+    assert annotation_patch(
+        pod(annotations={"added": "x", keys.MIRRORED_ANNOTATIONS: "added"}),
+        pod(annotations={"added": "y"}),
+    ) == {"added": "y"}
+
+
+def test_the_proxy_pods_own_annotations_are_never_changed_from_the_target():
+    """A hostile target rewriting Argo's node ID (so that Argo maps the pod to another step) or
+    a deletion cost; and a user's change on the proxy pod, which the delegate lacks."""
+    own = {
+        "workflows.argoproj.io/node-id": "relay-1234",
+        "controller.kubernetes.io/pod-deletion-cost": "100",
+        "changed-here": "new",
+    }
+    delegate = pod(
+        annotations={
+            "workflows.argoproj.io/node-id": "relay-9999",
+            "controller.kubernetes.io/pod-deletion-cost": "-1000",
+            "changed-here": "old",
+        }
+    )
+    assert annotation_patch(pod(annotations=own), delegate) is None
+    forged = {**own, keys.MIRRORED_ANNOTATIONS: "other"}
+    assert annotation_patch(pod(annotations=forged), delegate) is None
 
 
 def test_no_annotation_patch_when_nothing_differs():
@@ -271,8 +326,14 @@ def test_no_annotation_patch_from_a_delegate_without_annotations(annotations):
 
 
 def test_annotations_missing_on_the_delegate_are_left_alone():
-    assert annotation_patch(pod(annotations={"a": "b"}), pod(annotations={"c": "d"})) == {"c": "d"}
+    assert annotation_patch(pod(annotations={"a": "b"}), pod(annotations={"c": "d"})) == {
+        "c": "d",
+        keys.MIRRORED_ANNOTATIONS: "c",
+    }
 
 
 def test_a_proxy_without_annotations():
-    assert annotation_patch(pod(), pod(annotations={"a": "b"})) == {"a": "b"}
+    assert annotation_patch(pod(), pod(annotations={"a": "b"})) == {
+        "a": "b",
+        keys.MIRRORED_ANNOTATIONS: "a",
+    }
