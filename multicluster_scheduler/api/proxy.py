@@ -31,6 +31,7 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 NAME_LIMIT = 63
 HASH_LENGTH = 10
 _NOT_IN_LABEL = re.compile(r"[^a-z0-9-]+")
+_LABEL_FIELD = re.compile(r"metadata\.labels\['([^']+)'\]")
 
 
 class InvalidManifest(ValueError):
@@ -43,6 +44,25 @@ def is_proxy(pod: dict) -> bool:
 
 def is_terminal(pod: dict) -> bool:
     return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def stopped_status(proxy: dict, now: str) -> dict | None:
+    """What a kubelet writes of a pod it stopped because the pod was deleted, as a strategic
+    merge patch of the status: Failed (its containers were killed), neither Ready nor
+    ContainersReady; other conditions (DisruptionTarget, the Eviction API's mark) stay. For a
+    proxy pod being deleted, before our finalizer goes, when someone else waits for that status:
+    a finalizer other than ours holds the pod (the Job controller's: a Job with a pod failure
+    policy replaces a pod, and judges it, only once it has failed). None when the pod is
+    terminal already, or goes as soon as our finalizer does."""
+    finalizers = proxy["metadata"].get("finalizers") or ()
+    if is_terminal(proxy) or all(f == keys.FINALIZER for f in finalizers):
+        return None
+    stopped = [
+        {"type": c["type"], "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+        for c in (proxy.get("status") or {}).get("conditions") or ()
+        if c.get("type") in ("Ready", "ContainersReady") and c.get("status") != "False"
+    ]
+    return {"phase": "Failed", **({"conditions": stopped} if stopped else {})}
 
 
 def controller_uid(pod: dict) -> str | None:
@@ -153,6 +173,40 @@ def _without_service_account_token(spec: dict) -> None:
             del spec["volumes"]
 
 
+def _items(value: Any) -> list[dict]:
+    """The maps of a list in a manifest (user input: anything else is left for the target's
+    API server to refuse)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _with_prefixed_label_fields(spec: dict, source_labels: dict, labels: dict) -> None:
+    """The downward API reads a label by its key (``metadata.labels['k']``; the Job controller
+    gives each pod of an indexed Job ``JOB_COMPLETION_INDEX`` so): on the delegate, a label
+    that was prefixed is read under its prefixed key, which holds the same value."""
+
+    def rewrite(ref: Any) -> None:
+        path = ref.get("fieldPath") if isinstance(ref, dict) else None
+        match = _LABEL_FIELD.fullmatch(path) if isinstance(path, str) else None
+        if not match or match[1] in labels or match[1] not in source_labels:
+            return
+        key = prefixed_key(match[1])
+        if labels.get(key) == source_labels[match[1]]:
+            ref["fieldPath"] = f"metadata.labels['{key}']"
+
+    for field in ("initContainers", "containers", "ephemeralContainers"):
+        for container in _items(spec.get(field)):
+            for env in _items(container.get("env")):
+                value_from = env.get("valueFrom")
+                if isinstance(value_from, dict):
+                    rewrite(value_from.get("fieldRef"))
+    for volume in _items(spec.get("volumes")):
+        projected = volume.get("projected")
+        sources = _items(projected.get("sources")) if isinstance(projected, dict) else []
+        for api in [volume.get("downwardAPI"), *(s.get("downwardAPI") for s in sources)]:
+            for item in _items(api.get("items")) if isinstance(api, dict) else ():
+                rewrite(item.get("fieldRef"))
+
+
 def delegate_pod(proxy: dict, manifest: dict, cluster_name: str) -> dict:
     """The delegate of ``proxy`` (the pod to create in a target), built from its manifest."""
     meta = proxy["metadata"]
@@ -175,6 +229,7 @@ def delegate_pod(proxy: dict, manifest: dict, cluster_name: str) -> dict:
     spec.pop("nodeName", None)
     spec.pop("priority", None)
     _without_service_account_token(spec)
+    _with_prefixed_label_fields(spec, source_meta.get("labels") or {}, labels)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -30,6 +30,7 @@ from itertools import repeat
 from multicluster import ApiError, Cluster, Conflict, NotFound, Result, Unreachable
 from multicluster.events import EventRecorder
 from multicluster.gc import remove_finalizer
+from multicluster.kubetime import format_time
 from multicluster.resources import PODS
 
 from ..api import keys
@@ -39,6 +40,7 @@ from ..api.proxy import (
     looks_like_delegate,
     parent_uid,
     pod_reference,
+    stopped_status,
 )
 from .delegates import DelegateLookup
 from .registry import TargetConnection
@@ -133,8 +135,29 @@ class ProxyRelease:
             return Result(requeue_after=recheck)  # the delete events requeue it sooner
         if watched is not None and not watched.delegates_synced:
             return Result(requeue_after=recheck)  # a delegate may still run there
+        proxy = await self._stop(proxy)
         await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER)
         return None
+
+    async def _stop(self, proxy: dict) -> dict:
+        """Write the status a kubelet leaves on a pod it stopped, when others wait for it
+        (:func:`~multicluster_scheduler.api.proxy.stopped_status`); the pod as it is then."""
+        status = stopped_status(proxy, format_time())
+        if status is None:
+            return proxy
+        meta = proxy["metadata"]
+        try:
+            return await self.local.client.patch(
+                PODS,
+                meta["name"],
+                # As the cache has it (no namesake of a later day): a Conflict is retried.
+                {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status},
+                meta["namespace"],
+                patch_type="strategic",
+                subresource="status",
+            )
+        except NotFound:
+            return proxy  # gone: removing the finalizer finds as much
 
     async def let_go(self, proxy: dict) -> bool:
         """Remove our finalizer and delete the proxy pod (a fresh copy is read once when the

@@ -24,6 +24,7 @@ from multicluster_scheduler.api.proxy import (
     slim_delegate,
     slim_proxy,
     source_manifest,
+    stopped_status,
 )
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -565,3 +566,120 @@ def test_an_invalid_no_prefix_regexp_makes_the_manifest_invalid(manifest):
     manifest["metadata"].setdefault("annotations", {})[keys.NO_PREFIX_LABEL_REGEXP] = "("
     with pytest.raises(InvalidManifest, match="missing"):
         delegate_pod(proxy_of(manifest), manifest, "cluster1")
+
+
+# delegate_pod: the downward API
+
+
+def label_field(key: str) -> dict:
+    return {"fieldRef": {"fieldPath": f"metadata.labels['{key}']"}}
+
+
+def test_a_label_read_by_the_downward_api_is_read_under_its_prefixed_key(manifest):
+    """Kubernetes (1.36 at least) gives each pod of an indexed Job its index so: on a delegate
+    the label is prefixed, and the unprefixed key would read as empty."""
+    index = "batch.kubernetes.io/job-completion-index"
+    manifest["metadata"]["labels"][index] = "2"
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "JOB_COMPLETION_INDEX", "valueFrom": label_field(index)},
+        {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "MISSING", "valueFrom": label_field("not-a-label")},
+        {"name": "PLAIN", "value": "metadata.labels['app']"},
+    ]
+    manifest["spec"]["initContainers"][0]["env"] = [
+        {"name": "APP", "valueFrom": label_field("app")}
+    ]
+    items = [{"path": "app", **label_field("app.kubernetes.io/name")}]
+    manifest["spec"]["volumes"] += [
+        {"name": "info", "downwardAPI": {"items": items}},
+        {"name": "all", "projected": {"sources": [{"downwardAPI": {"items": items}}]}},
+    ]
+    delegate = delegate_pod(proxy_of(manifest), manifest, "cluster1")
+    spec = delegate["spec"]
+    assert [e.get("valueFrom") or e["value"] for e in spec["containers"][0]["env"]] == [
+        label_field(keys.PREFIX + "job-completion-index"),
+        {"fieldRef": {"fieldPath": "metadata.name"}},
+        label_field("not-a-label"),
+        "metadata.labels['app']",
+    ]
+    assert delegate["metadata"]["labels"][keys.PREFIX + "job-completion-index"] == "2"
+    assert spec["initContainers"][0]["env"][0]["valueFrom"] == label_field(keys.PREFIX + "app")
+    prefixed = [{"path": "app", **label_field(keys.PREFIX + "name")}]
+    assert spec["volumes"][-2]["downwardAPI"]["items"] == prefixed
+    assert spec["volumes"][-1]["projected"]["sources"][0]["downwardAPI"]["items"] == prefixed
+    assert manifest["spec"]["containers"][0]["env"][0]["valueFrom"] == label_field(index)
+
+
+def test_a_label_read_by_the_downward_api_is_left_when_its_prefixed_key_holds_another(manifest):
+    """Two keys that end the same way share one prefixed key: the one that lost keeps its
+    reference (it reads as empty, rather than as the other label's value)."""
+    manifest["metadata"]["labels"]["example.com/app"] = "other"
+    manifest["spec"]["containers"][0]["env"] = [
+        {"name": "A", "valueFrom": label_field("app")},
+        {"name": "B", "valueFrom": label_field("example.com/app")},
+    ]
+    delegate = delegate_pod(proxy_of(manifest), manifest, "cluster1")
+    assert delegate["metadata"]["labels"][keys.PREFIX + "app"] == "other"  # sorts last
+    assert [e["valueFrom"] for e in delegate["spec"]["containers"][0]["env"]] == [
+        label_field("app"),
+        label_field(keys.PREFIX + "app"),
+    ]
+
+
+def test_a_label_kept_unprefixed_is_read_under_its_own_key(manifest):
+    manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "q1"
+    manifest["metadata"]["annotations"][keys.NO_PREFIX_LABEL_REGEXP] = r"^kueue\.x-k8s\.io/"
+    env = [{"name": "QUEUE", "valueFrom": label_field("kueue.x-k8s.io/queue-name")}]
+    manifest["spec"]["containers"][0]["env"] = env
+    delegate = delegate_pod(proxy_of(manifest), manifest, "cluster1")
+    assert delegate["spec"]["containers"][0]["env"] == env
+
+
+# stopped_status
+
+NOW = "2026-11-26T12:00:00Z"
+JOB_TRACKING = "batch.kubernetes.io/job-tracking"
+
+
+def deleted_proxy(finalizers: list[str], phase: str = "Running") -> dict:
+    return {
+        "metadata": {"name": "work-x", "deletionTimestamp": NOW, "finalizers": finalizers},
+        "status": {
+            "phase": phase,
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "t0"},
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": "t0"},
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "t0"},
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+            ],
+        },
+    }
+
+
+def test_a_stopped_proxy_pod_that_others_wait_for_ends_failed_and_not_ready():
+    """The Job controller's finalizer waits for a terminal phase; the strategic merge patch
+    changes Ready and ContainersReady only, and leaves DisruptionTarget."""
+    proxy = deleted_proxy([keys.FINALIZER, JOB_TRACKING])
+    assert stopped_status(proxy, NOW) == {
+        "phase": "Failed",
+        "conditions": [
+            {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": NOW}
+            for t in ("Ready", "ContainersReady")
+        ],
+    }
+    assert proxy == deleted_proxy([keys.FINALIZER, JOB_TRACKING])
+
+
+def test_a_stopped_proxy_pod_that_nobody_else_holds_is_left_as_it_is():
+    assert stopped_status(deleted_proxy([keys.FINALIZER]), NOW) is None
+    assert stopped_status(deleted_proxy([]), NOW) is None
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_terminal_proxy_pod_keeps_its_phase(phase):
+    assert stopped_status(deleted_proxy([keys.FINALIZER, JOB_TRACKING], phase), NOW) is None
+
+
+def test_a_stopped_proxy_pod_without_conditions():
+    proxy = {"metadata": {"finalizers": [JOB_TRACKING]}, "status": {"phase": "Pending"}}
+    assert stopped_status(proxy, NOW) == {"phase": "Failed"}

@@ -312,6 +312,63 @@ async def test_a_deleted_proxy_pod_keeps_its_finalizer_until_its_delegate_is_gon
     assert deletes(target) == [name, name]  # ours, then the kubelet's
 
 
+async def test_a_deleted_proxy_pod_that_others_hold_ends_failed_when_its_delegate_is_gone(
+    world: World,
+) -> None:
+    """The Job controller holds its pods with a finalizer of its own until it sees them end
+    (with a pod failure policy, it waits for the Failed phase): a deleted proxy pod ends as a
+    pod its kubelet stopped, once its delegate is gone and before our finalizer goes."""
+    await world.start()
+    c2 = await world.connect("c2")
+    pod = elected("work-1")
+    pod["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
+    proxy = await world.client.create(PODS, apply_patch(pod, mutation_patch(pod)), NS)
+    delegate = await world.place(proxy, c2)
+    name = delegate["metadata"]["name"]
+    await world.run_delegate(c2, delegate, RUNNING)
+    await until(lambda: world.proxy_status("work-1").get("phase") == "Running", what="Running")
+    await world.client.delete(PODS, "work-1", NS)  # evicted, say
+    await until(
+        lambda: (named(there(c2).server, name) or {}).get("metadata", {}).get("deletionTimestamp"),
+        what="the delegate deleted first",
+    )
+    await settle()
+    assert world.proxy_status("work-1")["phase"] == "Running", "its delegate still ends there"
+    await finish(c2, name)
+
+    def ours_gone() -> bool:
+        return keys.FINALIZER not in (named(world.api, "work-1") or {})["metadata"]["finalizers"]
+
+    await until(ours_gone, what="our finalizer removed")
+    left = named(world.api, "work-1")
+    assert left is not None
+    assert left["metadata"]["finalizers"] == ["batch.kubernetes.io/job-tracking"]
+    assert left["status"]["phase"] == "Failed"
+    conditions = {c["type"]: c["status"] for c in left["status"]["conditions"]}
+    assert conditions == {
+        "Initialized": "True",
+        "Ready": "False",
+        "ContainersReady": "False",
+        "PodScheduled": "True",
+    }
+
+
+async def test_a_deleted_proxy_pod_that_nobody_else_holds_goes_without_a_status_write(
+    world: World,
+) -> None:
+    await world.start()
+    c2 = await world.connect("c2")
+    proxy = await world.proxy("web-1")
+    delegate = await world.place(proxy, c2)
+    await world.run_delegate(c2, delegate, RUNNING)
+    await until(lambda: world.proxy_status("web-1").get("phase") == "Running", what="Running")
+    written = len(world.api.writes)
+    await world.client.delete(PODS, "web-1", NS)
+    await finish(c2, delegate["metadata"]["name"])
+    await until(lambda: named(world.api, "web-1") is None, what="the proxy pod gone")
+    assert not [a for a in world.api.writes[written:] if a.subresource == "status"]
+
+
 async def test_the_finalizer_stays_until_the_targets_cache_is_synced(world: World) -> None:
     """A delegate the target's cache has not listed yet is not taken for none."""
     await world.start(run=False)
