@@ -161,10 +161,12 @@ class ProxyRelease:
 
     async def let_go(self, proxy: dict) -> bool:
         """Remove our finalizer and delete the proxy pod (a fresh copy is read once when the
-        cached one is behind); whether it is done."""
+        cached one is behind); whether it is done. A pod that another finalizer holds ends
+        Failed first, as Kubernetes' pod garbage collector leaves the pods of a lost node."""
         meta = proxy["metadata"]
         for _ in range(2):
             try:
+                proxy = await self._stop(proxy)
                 if await remove_finalizer(self.local.client, PODS, proxy, keys.FINALIZER) is None:
                     return True  # gone
                 await self.local.client.delete(

@@ -541,6 +541,36 @@ async def test_a_target_not_ready_past_its_failover_setting_releases_its_proxy_p
     assert set(deletes(there(c2).server)) == {delegate["metadata"]["name"]}
 
 
+async def test_a_released_proxy_pod_that_others_hold_ends_failed(world: World) -> None:
+    """A Job's pod (the Job controller's finalizer) on a target away past its failover: the Job
+    judges and replaces it once it has failed."""
+    await world.start()
+    c2 = await world.connect("c2")
+    c2.failover_after = 0.2
+    pod = elected("work-1")
+    pod["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
+    proxy = await world.client.create(PODS, apply_patch(pod, mutation_patch(pod)), NS)
+    delegate = await world.place(proxy, c2)
+    await world.run_delegate(c2, delegate, RUNNING)
+    await until(lambda: world.proxy_status("work-1").get("phase") == "Running", what="Running")
+    c2.set_ready(False, "SummaryMissing", "the target has no ClusterSummary")
+    world.registry.changed(c2)
+
+    def released() -> bool:
+        left = named(world.api, "work-1") or {}
+        return keys.FINALIZER not in (left.get("metadata") or {}).get(
+            "finalizers", [keys.FINALIZER]
+        )
+
+    await until(released, what="the proxy pod released")
+    left = named(world.api, "work-1")
+    assert left is not None
+    assert left["metadata"]["deletionTimestamp"]
+    assert left["metadata"]["finalizers"] == ["batch.kubernetes.io/job-tracking"]
+    assert left["status"]["phase"] == "Failed"
+    assert {c["type"]: c["status"] for c in left["status"]["conditions"]}["Ready"] == "False"
+
+
 async def test_a_target_unreachable_past_its_failover_has_its_delegate_deleted_when_back(
     world: World,
 ) -> None:
