@@ -15,12 +15,19 @@ What a target reports is checked before anything is written:
   pod's own name (a target that rewrites the pod's node-ID annotation names nothing else).
 - The result must be the executor's for that Workflow: owned by its uid, labelled with its name.
 - Of the result, only the step's own outputs and progress are taken; the exit code is Argo's
-  controller's to read from the pod, and an output artifact that names a Secret the step's pod
-  does not use is dropped: a later step would mount it and hand it to whatever the artifact's
-  location says.
+  controller's to read from the pod. A later step mounts the Secrets an output artifact's
+  location names and sends them, or its own ambient identity, wherever that location says; so
+  an artifact that names a Secret that did not follow the step's pod to its target, or that
+  asks for the consumer's ambient credentials (``useSDKCreds``, ``roleARN``), is dropped, and
+  what an artifact asks of the source's Argo controller (``artifactGC``: a pod it creates,
+  with a service account and metadata of the artifact's choosing; ``deleted``; ``from``) is
+  left out.
 
-As in Argo, the namespace is the boundary of trust: whoever may create pods in it can already
-make Argo's controller believe a step's phase.
+The owner check tells an executor's result from a namesake's (another source's workflow of the
+same name in a shared target namespace); it proves nothing against a hostile target, which
+reads the Workflow's uid in the delegate's environment. As in Argo, the namespace is the
+boundary of trust: whoever may create pods in it can already make Argo's controller believe a
+step's phase.
 """
 
 from __future__ import annotations
@@ -41,6 +48,12 @@ NODE_ID_ANNOTATION = f"workflows.{GROUP}/node-id"
 COMPLETED_LABEL = f"workflows.{GROUP}/report-outputs-completed"
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _SECRET_KEY = re.compile(r"(?i).*secret(ref)?$")
+# What an output artifact may ask of the source's Argo controller rather than of the step that
+# reads it: left out of artifacts brought back.
+ARTIFACT_FIELDS_LEFT_OUT = ("artifactGC", "deleted", "from", "fromExpression")
+# Fields that make a consuming step use its own ambient identity (cloud SDK credentials).
+AMBIENT_CREDENTIALS = ("useSDKCreds", "roleARN")
+MAX_DEPTH = 32  # Argo's own results nest a few levels
 
 
 @dataclass(frozen=True)
@@ -124,10 +137,14 @@ class Copy:
     dropped: list[str]
 
 
-def result_copy(step: StepPod, found: Any) -> Copy | None:
+def result_copy(step: StepPod, found: Any, followed: frozenset[str] | None = None) -> Copy | None:
     """The task result to write in the source for ``step``, from the one its executor wrote in
     the target (``found``, as the target answered); None when ``found`` is not that executor's
-    (another name, workflow or owner, or not an object at all)."""
+    (another name, workflow or owner, nested deeper than any result, or not an object at all).
+    ``followed``: the Secrets of the step's pod that followed it to its target (default: all
+    the pod uses); output artifacts naming any other are dropped."""
+    if _depth(found) > MAX_DEPTH:
+        return None
     meta = found.get("metadata") if isinstance(found, dict) else None
     if not isinstance(meta, dict) or meta.get("name") != step.node_id:
         return None
@@ -161,7 +178,8 @@ def result_copy(step: StepPod, found: Any) -> Copy | None:
     dropped: list[str] = []
     outputs = found.get("outputs")
     if isinstance(outputs, dict):
-        body["outputs"] = _outputs(outputs, step.secrets, dropped)
+        allowed = step.secrets if followed is None else step.secrets & followed
+        body["outputs"] = _outputs(outputs, allowed, dropped)
     if isinstance(found.get("progress"), str):
         body["progress"] = found["progress"]
     return Copy(body, dropped)
@@ -174,12 +192,43 @@ def _outputs(outputs: dict, allowed: frozenset[str], dropped: list[str]) -> dict
         kept["artifacts"] = []
         for artifact in artifacts:
             names = {n if isinstance(n, str) else None for n in _secret_names(artifact)}
-            if isinstance(artifact, dict) and names <= allowed:
-                kept["artifacts"].append(artifact)
+            if isinstance(artifact, dict) and names <= allowed and not _ambient(artifact):
+                safe = {k: v for k, v in artifact.items() if k not in ARTIFACT_FIELDS_LEFT_OUT}
+                kept["artifacts"].append(safe)
             else:
                 name = artifact.get("name") if isinstance(artifact, dict) else None
                 dropped.append(name if isinstance(name, str) else "?")
     return kept
+
+
+def artifact_secrets(found: Any) -> set[str]:
+    """The Secrets the output artifacts of a task result name (to be checked before
+    :func:`result_copy`: which of them followed the step's pod to its target)."""
+    outputs = found.get("outputs") if isinstance(found, dict) else None
+    artifacts = outputs.get("artifacts") if isinstance(outputs, dict) else None
+    if not isinstance(artifacts, list) or _depth(found) > MAX_DEPTH:
+        return set()
+    return {n for a in artifacts for n in _secret_names(a) if isinstance(n, str)}
+
+
+def _ambient(value: Any, depth: int = 0) -> bool:
+    if depth > MAX_DEPTH:
+        return True
+    if isinstance(value, dict):
+        if any(value.get(k) for k in AMBIENT_CREDENTIALS):
+            return True
+        return any(_ambient(v, depth + 1) for v in value.values())
+    if isinstance(value, list):
+        return any(_ambient(v, depth + 1) for v in value)
+    return False
+
+
+def _depth(value: Any, depth: int = 0) -> int:
+    """How deep ``value`` nests (counted no further than past ``MAX_DEPTH``)."""
+    if depth > MAX_DEPTH or not isinstance(value, dict | list):
+        return depth
+    items = value.values() if isinstance(value, dict) else value
+    return max((_depth(v, depth + 1) for v in items), default=depth + 1)
 
 
 def _secret_names(value: Any, key: str = "", depth: int = 0) -> Iterator[Any]:

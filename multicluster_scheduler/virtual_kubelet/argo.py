@@ -6,8 +6,9 @@ delete there, once, when their delegate ends. A target without a task result for
 executor reported there) changes nothing. One that has a result this cluster cannot take (the
 target does not let it read task results, the result is not the step's, or this cluster
 refuses it) fails the step, with a Warning event on its proxy pod that says why: Argo would
-otherwise wait for its outputs for ever. Output artifacts that name Secrets the step's pod does
-not use are left out, with a Warning.
+otherwise wait for its outputs for ever. Output artifacts that name Secrets that did not follow
+the step's pod, or that ask for the consumer's ambient credentials, are left out, with a
+Warning.
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ import logging
 import orjson
 
 from multicluster import AlreadyExists, ApiError, Cluster, Forbidden, NotFound
+from multicluster.errors import BadResponse
 from multicluster.events import EventRecorder
+from multicluster.resources import SECRETS
 
 from ..api.argo import (
     WORKFLOW_TASK_RESULTS,
     StepPod,
+    artifact_secrets,
     differs,
     owned_by,
     result_copy,
     step_pod,
 )
+from ..api.follow import is_followed
 from ..api.proxy import pod_reference
 from ..targets.registry import TargetConnection
 
@@ -60,7 +65,10 @@ class TaskResults:
                 f"(get workflowtaskresults.argoproj.io in namespace {step.namespace}): the "
                 f"outputs of step {step.node_id} cannot be brought back",
             )
-        copy = result_copy(step, found)
+        except BadResponse as error:  # not JSON, or larger than any result
+            return self._fail(proxy, f"target {connection.name} answered no task result: {error}")
+        followed = await self._followed(step, artifact_secrets(found) & step.secrets)
+        copy = result_copy(step, found, followed)
         if copy is None:
             return self._fail(
                 proxy,
@@ -72,7 +80,8 @@ class TaskResults:
                 proxy,
                 "ArtifactsDropped",
                 f"output artifacts {', '.join(copy.dropped)} of step {step.node_id} name Secrets "
-                "its pod does not use: left out",
+                "that did not follow its pod, or ask for the ambient credentials of the step "
+                "that reads them: left out",
             )
         found_uid = found["metadata"].get("uid")
         problem, same = await self._write(step, copy.body, found_uid)
@@ -82,11 +91,29 @@ class TaskResults:
             await self._delete_there(connection, step, found_uid)
         return None
 
+    async def _followed(self, step: StepPod, names: set[str]) -> frozenset[str]:
+        """Those of the Secrets (of the step's pod) that follow delegates: a service-account
+        token, say, never leaves this cluster, and an artifact naming it would have a later step
+        send it wherever the artifact says."""
+        followed = set()
+        for name in names:
+            try:
+                secret = await self.local.client.get(SECRETS, name, step.namespace)
+            except NotFound:
+                continue
+            if is_followed(secret):
+                followed.add(name)
+        return frozenset(followed)
+
     async def _write(self, step: StepPod, body: dict, found_uid: object) -> tuple[str | None, bool]:
         """Create or update the source's task result: (why not, if it could not be written;
         whether the target's is this very object, the target being this cluster)."""
         name, namespace = step.node_id, step.namespace
-        if len(orjson.dumps(body)) > MAX_RESULT_BYTES:
+        try:
+            size = len(orjson.dumps(body))
+        except TypeError as error:  # nested past what orjson writes
+            return f"the task result of step {name} cannot be written: {error}", False
+        if size > MAX_RESULT_BYTES:
             return f"the task result of step {name} is larger than 1 MiB", False
         client = self.local.client
         try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from multicluster import Cluster, Controller, NotFound, Registration, Request, Result
+from multicluster import Cluster, Controller, Invalid, NotFound, Registration, Request, Result
 from multicluster.events import EventRecorder
 from multicluster.gc import has_finalizer
 from multicluster.informer import DELETED
@@ -286,9 +286,21 @@ class BoundProxies:
         meta = proxy["metadata"]
         annotations = annotation_patch(proxy, delegate)
         if annotations:
-            await self.local.client.patch(
-                PODS, meta["name"], {"metadata": {"annotations": annotations}}, meta["namespace"]
-            )
+            try:
+                await self.local.client.patch(
+                    PODS,
+                    meta["name"],
+                    {"metadata": {"annotations": annotations}},
+                    meta["namespace"],
+                )
+            except Invalid as error:  # what the target added does not fit here: its status does
+                self.events.emit(
+                    pod_reference(proxy),
+                    "Warning",
+                    "AnnotationsNotCopied",
+                    f"annotations of delegate {delegate['metadata']['name']} in target "
+                    f"{connection.name} were refused here: {error}",
+                )
         if is_terminal(proxy):
             return  # a terminal phase is final
         patch = status_patch(proxy, delegate)

@@ -60,6 +60,13 @@ def status_patch(proxy: dict, delegate: dict) -> dict | None:
     return patch or None
 
 
+# Annotations of a delegate never copied back: ours (they describe the delegate), and those
+# that a source's controller reads as a pod's report to it (Argo's controllers before v3.6 read
+# a step's outputs from workflows.argoproj.io/outputs on its pod: a target would write them
+# unchecked; task results are brought back and checked instead: virtual_kubelet.argo).
+NOT_MIRRORED = (keys.PREFIX, "workflows.argoproj.io/")
+
+
 def annotation_patch(proxy: dict, delegate: dict) -> dict | None:
     """Annotations of the delegate outside our prefix that the proxy pod lacks, or that it got
     from the delegate and that changed there; and the keys of all it got so
@@ -71,7 +78,9 @@ def annotation_patch(proxy: dict, delegate: dict) -> dict | None:
     patch = {
         k: v
         for k, v in (delegate["metadata"].get("annotations") or {}).items()
-        if not k.startswith(keys.PREFIX) and (k not in have or (k in mirrored and have[k] != v))
+        if not k.startswith(NOT_MIRRORED)
+        and isinstance(v, str)
+        and (k not in have or (k in mirrored and have[k] != v))
     }
     if not patch:
         return None

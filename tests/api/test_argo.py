@@ -12,6 +12,7 @@ from multicluster_scheduler.api.argo import (
     INSTANCE_LABEL,
     NODE_ID_ANNOTATION,
     WORKFLOW_LABEL,
+    artifact_secrets,
     differs,
     owned_by,
     result_copy,
@@ -223,3 +224,41 @@ def test_a_result_in_the_source_is_ours_to_update_only_if_its_workflow_owns_it()
     other["metadata"]["ownerReferences"] = [{**OWNER, "uid": "someone-else"}]
     assert not owned_by(other, step())
     assert not owned_by({"metadata": {}}, step())
+
+
+def test_only_secrets_that_followed_the_pod_may_be_named_by_its_artifacts():
+    """A service-account token the pod mounts never leaves this cluster: an artifact naming it
+    would have a later step send it wherever the artifact says."""
+    found = reported(
+        outputs={"artifacts": [artifact("repo", "artifact-repo"), artifact("t", "sa")]}
+    )
+    pod = step(references=["Secret:team/artifact-repo", "Secret:team/sa"])
+    assert artifact_secrets(found) == {"artifact-repo", "sa"}
+    made = result_copy(pod, found, followed=frozenset({"artifact-repo"}))
+    assert made is not None
+    assert [a["name"] for a in made.body["outputs"]["artifacts"]] == ["repo"]
+    assert made.dropped == ["t"]
+
+
+def test_artifacts_asking_for_ambient_credentials_are_dropped_and_controller_fields_left_out():
+    azure = {"name": "az", "azure": {"endpoint": "https://evil", "useSDKCreds": True}}
+    role = {"name": "s3", "s3": {"bucket": "b", "roleARN": "arn:aws:iam::1:role/x"}}
+    gc = {
+        **artifact("gc"),
+        "artifactGC": {"serviceAccountName": "admin", "podMetadata": {"annotations": {"a": "b"}}},
+        "deleted": True,
+        "from": "{{steps.other.outputs.artifacts.x}}",
+    }
+    made = result_copy(step(), reported(outputs={"artifacts": [azure, role, gc]}))
+    assert made is not None
+    assert made.body["outputs"]["artifacts"] == [artifact("gc")]
+    assert made.dropped == ["az", "s3"]
+
+
+def test_a_result_nested_deeper_than_any_is_not_copied():
+    deep: dict = {"value": "x"}
+    for _ in range(40):
+        deep = {"nested": deep}
+    found = reported(outputs={"parameters": [{"name": "p", "value": "v", "extra": deep}]})
+    assert result_copy(step(), found) is None
+    assert artifact_secrets(found) == set()

@@ -337,3 +337,15 @@ def test_a_proxy_without_annotations():
         "a": "b",
         keys.MIRRORED_ANNOTATIONS: "a",
     }
+
+
+def test_what_a_sources_controller_reads_as_a_pods_report_is_not_copied_back():
+    """Argo's controllers before v3.6 read a step's outputs from this annotation of its pod."""
+    delegate = pod(
+        annotations={
+            "workflows.argoproj.io/outputs": '{"artifacts": []}',
+            "not-a-string": 3,
+            "fine": "x",
+        }
+    )
+    assert annotation_patch(pod(), delegate) == {"fine": "x", keys.MIRRORED_ANNOTATIONS: "fine"}
