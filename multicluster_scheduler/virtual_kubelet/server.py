@@ -231,14 +231,19 @@ class KubeletServer:
         # not get the session).
         delegates = [d for d in self.lookup.in_target(proxy, connection) if not is_deleting(d)]
         if not delegates:
-            why = (
-                f" (target {connection.name} is not ready: {connection.message})"
-                if not connection.ready
-                else ""
-            )
+            state = f"{connection.reason}: {connection.message}".rstrip(": ")
+            if not connection.delegates_synced:  # unreachable, or not listed yet: cannot tell
+                raise KubeletError(
+                    503,
+                    f"target {connection.name} cannot be read now ({state}): the delegate of "
+                    f"pod {namespace}/{name} may still run there; try again once the target "
+                    "is Ready",
+                    "ServiceUnavailable",
+                )
+            why = "" if connection.ready else f" (target {connection.name} is not ready: {state})"
             raise KubeletError(
                 404,
-                f"the delegate of pod {namespace}/{name} is not found in target "
+                f"the delegate of pod {namespace}/{name} is gone from target "
                 f"{connection.name}{why}",
                 "NotFound",
             )
@@ -258,7 +263,7 @@ class KubeletServer:
             message = (
                 f"the delegate of pod {located.proxy['metadata']['namespace']}/"
                 f"{located.proxy['metadata']['name']} ({located.namespace}/{located.name}) "
-                f"is not found in target {located.target}"
+                f"is gone from target {located.target}"
             )
         else:
             message = f"target {located.target}: {message}"

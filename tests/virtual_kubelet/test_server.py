@@ -101,8 +101,10 @@ class Proxies:
 
 
 class Delegates:
-    def __init__(self, *pods: dict) -> None:
+    def __init__(self, *pods: dict, synced: bool = True) -> None:
         self.pods = pods
+        self.has_synced = synced
+        self.last_error = None if synced else OSError("connection refused")
 
     def by_index(self, _index: str, uid: str) -> list[dict]:
         return [p for p in self.pods if p["metadata"]["labels"][keys.PARENT_UID] == uid]
@@ -159,10 +161,25 @@ def test_what_is_missing_is_said():
         api.locate("ns", "q")
     with pytest.raises(KubeletError) as missing:
         api.locate("ns", "p")
-    assert "the delegate of pod ns/p is not found in target c2" in missing.value.message
+    assert "the delegate of pod ns/p is gone from target c2" in missing.value.message
     assert "Connection refused" in missing.value.message
+    assert missing.value.status == 404
     with pytest.raises(KubeletError, match="does not lead"):
         server(Proxies(), leading=False).locate("ns", "p")
+
+
+def test_a_target_that_cannot_be_read_is_not_said_to_have_lost_the_delegate():
+    c2 = connected("c2", ready=False)
+    c2.reason = "Unreachable"
+    c2.delegates = Delegates(synced=False)  # type: ignore[assignment]
+    with pytest.raises(KubeletError) as away:
+        server(Proxies(proxy("p", c2.node_name)), c2).locate("ns", "p")
+    assert away.value.status == 503
+    assert away.value.message.startswith(
+        "target c2 cannot be read now (Unreachable: cannot connect to 10.0.0.1:6443: "
+        "Connection refused): the delegate of pod ns/p may still run there"
+    )
+    assert "gone" not in away.value.message
 
 
 def test_virtual_nodes_declare_websocket_streaming_and_a_change_of_port_is_written():
@@ -282,7 +299,7 @@ def test_only_this_clusters_delegate_in_the_pods_namespace_gets_the_session():
     api = server(Proxies(p), c2)
     assert api.locate("ns", "p").delegate is real
     c2.delegates = Delegates(*planted)  # type: ignore[assignment]
-    with pytest.raises(KubeletError, match="is not found in target c2"):
+    with pytest.raises(KubeletError, match="is gone from target c2"):
         api.locate("ns", "p")
 
 
