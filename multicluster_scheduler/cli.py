@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from . import __version__, agent
@@ -27,16 +28,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="multicluster-scheduler",
         description="Schedule Kubernetes pods across clusters.",
+        allow_abbrev=False,  # --source is not --source-context: a script says what it means
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, summary) in COMMANDS.items():
-        module.add_arguments(commands.add_parser(name, help=summary, description=summary))
+        module.add_arguments(
+            commands.add_parser(name, help=summary, description=summary, allow_abbrev=False)
+        )
     return parser
+
+
+def long_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every ``--option`` of the parser and of its subcommands."""
+    found = set()
+    for action in parser._actions:
+        found |= {o for o in action.option_strings if o.startswith("--")}
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= long_options(sub)
+    return found
+
+
+def misspelt(argv: list[str], known: set[str]) -> str | None:
+    """Why an option on the command line is not one (checked before argparse, which would
+    rather report a required option missing, or read ``-namespace x`` as ``-n amespace``)."""
+    for token in argv:
+        if token == "--":
+            break
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            return f"unrecognized option {name}{hint}"
+        if name[:1] == "-" and name[1:2].isalpha() and len(name) > 2 and "-" + name in known:
+            return f"unrecognized option {name} (did you mean -{name}?)"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    problem = misspelt(argv, long_options(parser))
+    if problem:
+        parser.error(problem)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)

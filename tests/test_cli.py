@@ -84,3 +84,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        # An abbreviation is not taken for the option it begins.
+        (
+            ["join", "--source", "a", "--target-context", "b"],
+            "--source (did you mean --source-context?)",
+        ),
+        # A typo is named, rather than reported as a required option missing.
+        (
+            ["join", "--source-contxt", "a", "--target-context", "b"],
+            "--source-contxt (did you mean",
+        ),
+        (["join", "--source-context=a", "--target-contxt=b"], "--target-contxt (did you mean"),
+        # One dash before a long option is not -n with the rest as its value.
+        (
+            ["export", "c1", "--as", "c2", "-namespace", "default"],
+            "-namespace (did you mean --namespace?)",
+        ),
+        (["agent", "--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_options_are_taken_only_as_written(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert f"error: unrecognized option {says}" in capsys.readouterr().err
