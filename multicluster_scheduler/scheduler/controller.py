@@ -406,7 +406,10 @@ class Scheduler:
             self.unschedulable.discard(request)
             return None
         uid = proxy["metadata"]["uid"]
-        if proxy["spec"].get("nodeName") or is_terminal(proxy):
+        # A terminal pod is placed no more; one being deleted is still released (the pod
+        # garbage collector marks an unscheduled pod being deleted Failed, maybe before we see
+        # it deleted: our finalizer would stay for ever).
+        if proxy["spec"].get("nodeName") or (is_terminal(proxy) and not is_deleting(proxy)):
             self.unschedulable.discard(request)
             self._settle(uid)
             return None

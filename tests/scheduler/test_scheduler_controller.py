@@ -692,6 +692,23 @@ async def test_an_unbound_proxy_being_deleted_loses_its_delegates_then_its_final
     assert calls.count("local patch web") == 1
 
 
+async def test_an_unbound_proxy_failed_by_the_pod_gc_before_it_is_released_still_goes(
+    world: World,
+) -> None:
+    """Kubernetes' pod garbage collector marks an unscheduled pod being deleted Failed (every
+    20 s): a proxy pod it reached first, terminal, kept our finalizer for ever."""
+    await world.submit(elected("web"))
+    await world.local.client.patch(
+        PODS, "web", {"status": {"phase": "Failed"}}, NS, subresource="status"
+    )
+    await world.local.client.delete(PODS, "web", NS)
+    await until(lambda: (world.proxy("web") or {})["metadata"].get("deletionTimestamp"))
+    await until(lambda: (world.proxy("web") or {}).get("status", {}).get("phase") == "Failed")
+    assert await world.reconcile("web") is None
+    assert world.placed() == {}
+    assert world.stored("web") is None, "our finalizer removed"
+
+
 async def test_a_delegate_not_seen_yet_goes_with_its_deleted_proxy(world: World) -> None:
     """The delegate was created, but the target's cache is behind: it is deleted by name."""
     for connection in world.connections.values():
