@@ -312,6 +312,18 @@ async def test_a_deleted_proxy_pod_keeps_its_finalizer_until_its_delegate_is_gon
     assert deletes(target) == [name, name]  # ours, then the kubelet's
 
 
+async def running_job_pod(world: World, target) -> dict:
+    """Proxy pod ``work-1``, held as the Job controller holds its pods (a finalizer of its own),
+    Running through its delegate in ``target``; that delegate."""
+    pod = elected("work-1")
+    pod["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
+    proxy = await world.client.create(PODS, apply_patch(pod, mutation_patch(pod)), NS)
+    delegate = await world.place(proxy, target)
+    await world.run_delegate(target, delegate, RUNNING)
+    await until(lambda: world.proxy_status("work-1").get("phase") == "Running", what="Running")
+    return delegate
+
+
 async def test_a_deleted_proxy_pod_that_others_hold_ends_failed_when_its_delegate_is_gone(
     world: World,
 ) -> None:
@@ -320,13 +332,8 @@ async def test_a_deleted_proxy_pod_that_others_hold_ends_failed_when_its_delegat
     pod its kubelet stopped, once its delegate is gone and before our finalizer goes."""
     await world.start()
     c2 = await world.connect("c2")
-    pod = elected("work-1")
-    pod["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
-    proxy = await world.client.create(PODS, apply_patch(pod, mutation_patch(pod)), NS)
-    delegate = await world.place(proxy, c2)
+    delegate = await running_job_pod(world, c2)
     name = delegate["metadata"]["name"]
-    await world.run_delegate(c2, delegate, RUNNING)
-    await until(lambda: world.proxy_status("work-1").get("phase") == "Running", what="Running")
     await world.client.delete(PODS, "work-1", NS)  # evicted, say
     await until(
         lambda: (named(there(c2).server, name) or {}).get("metadata", {}).get("deletionTimestamp"),
@@ -547,12 +554,7 @@ async def test_a_released_proxy_pod_that_others_hold_ends_failed(world: World) -
     await world.start()
     c2 = await world.connect("c2")
     c2.failover_after = 0.2
-    pod = elected("work-1")
-    pod["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
-    proxy = await world.client.create(PODS, apply_patch(pod, mutation_patch(pod)), NS)
-    delegate = await world.place(proxy, c2)
-    await world.run_delegate(c2, delegate, RUNNING)
-    await until(lambda: world.proxy_status("work-1").get("phase") == "Running", what="Running")
+    await running_job_pod(world, c2)
     c2.set_ready(False, "SummaryMissing", "the target has no ClusterSummary")
     world.registry.changed(c2)
 
