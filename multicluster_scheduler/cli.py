@@ -9,7 +9,8 @@ import sys
 from . import __version__, agent
 from .connect import export, join
 
-# Each subcommand module offers add_arguments(parser) and main(args) -> exit code.
+# Each subcommand module offers add_arguments(parser) and main(args) -> exit code, and may
+# offer EXAMPLES: command lines shown at the end of its help.
 COMMANDS = {
     "agent": (agent, "run the agent (webhook, controllers) of one cluster"),
     "export": (
@@ -24,17 +25,41 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Examples as written, and every option's default in its help unless the help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or not action.option_strings
+            or default in (None, False, True, [], argparse.SUPPRESS)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def build_parser(prog: str = "multicluster-scheduler") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="multicluster-scheduler",
+        prog=prog,
         description="Schedule Kubernetes pods across clusters.",
+        formatter_class=HelpFormatter,
         allow_abbrev=False,  # --source is not --source-context: a script says what it means
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, summary) in COMMANDS.items():
+        examples = getattr(module, "EXAMPLES", "")
         module.add_arguments(
-            commands.add_parser(name, help=summary, description=summary, allow_abbrev=False)
+            commands.add_parser(
+                name,
+                help=summary,
+                description=summary,
+                epilog=f"examples:\n{examples}" if examples else None,
+                formatter_class=HelpFormatter,
+                allow_abbrev=False,
+            )
         )
     return parser
 
