@@ -7,7 +7,7 @@ import difflib
 import sys
 
 from . import __version__, agent
-from .connect import export, join
+from .connect import export, join, status
 
 # Each subcommand module offers add_arguments(parser) and main(args) -> exit code, and may
 # offer EXAMPLES: command lines shown at the end of its help.
@@ -21,6 +21,10 @@ COMMANDS = {
         join,
         "connect a source cluster to a target: Source in the target, Secret and Target in the "
         "source",
+    ),
+    "status": (
+        status,
+        "targets of a source cluster, their readiness and use, and where its elected pods run",
     ),
 }
 
@@ -91,8 +95,8 @@ def misspelt(argv: list[str], known: set[str]) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "multicluster-scheduler") -> int:
+    parser = build_parser(prog)
     argv = sys.argv[1:] if argv is None else argv
     problem = misspelt(argv, long_options(parser))
     if problem:
@@ -103,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, _ = COMMANDS[args.command]
     return module.main(args)
+
+
+def kubectl_plugin() -> int:
+    """``kubectl-multicluster``: the same command as a kubectl plugin (``kubectl multicluster
+    status`` runs ``kubectl-multicluster status``)."""
+    return main(prog="kubectl multicluster")
 
 
 if __name__ == "__main__":
