@@ -244,10 +244,13 @@ def test_join_connects_cluster1_to_cluster2_in_one_command(
     node = f"admiralty-namespace-{namespace}-{TARGET}"
     assert proc.stdout.splitlines() == [
         f"Source {namespace}/{SOURCE} created in {TARGET}",
+        f"Secret {namespace}/{SOURCE}-token created in {TARGET} (the token for "
+        f"{namespace}/{SOURCE})",
         f"Secret {namespace}/{TARGET} created in {SOURCE} (kubeconfig of {namespace}/{SOURCE})",
         f"Target {namespace}/{TARGET} created in {SOURCE}",
         f"Target {namespace}/{TARGET} Ready: virtual node {node}",
     ]
+    assert f"waiting for Target {namespace}/{TARGET} to be Ready" in proc.stderr
     print(f"join took {took:.1f}s")
 
     source = kubectl.json(TARGET, "get", "source", SOURCE, "-n", namespace)
@@ -496,3 +499,187 @@ def test_join_without_permission_explains_the_403(
         if c["name"] == "down"
     )
     assert f"the API server of context down ({server}) does not answer" in proc.stderr
+
+
+def test_export_of_a_missing_namespace_names_it(installation: Installation, testbed: TestBed):
+    proc = cli(
+        testbed.kubeconfig, "export", "--context", TARGET, "-n", "nosuchns", "c1", "--as", "c2"
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"error: namespace nosuchns not found in context {TARGET}")
+
+
+def joined_objects(kubectl: Kubectl, namespace: str) -> dict[str, list[str]]:
+    """What join makes, where it is still found."""
+
+    def names(context: str, kind: str, *selector: str) -> list[str]:
+        listed = kubectl.json(context, "get", kind, "-n", namespace, *selector)["items"]
+        return sorted(o["metadata"]["name"] for o in listed)
+
+    return {
+        "targets": names(SOURCE, "targets"),
+        "kubeconfig secrets": names(SOURCE, "secrets", "--field-selector", "type=Opaque"),
+        "sources": names(TARGET, "sources"),
+        "token secrets": names(
+            TARGET, "secrets", "--field-selector", "type=kubernetes.io/service-account-token"
+        ),
+    }
+
+
+NOTHING_JOINED = {"targets": [], "kubeconfig secrets": [], "sources": [], "token secrets": []}
+
+
+def test_join_to_an_address_nobody_answers_fails_early_and_leaves_nothing(
+    installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str
+):
+    started = time.monotonic()
+    closed = f"https://127.0.0.1:{free_ports(1)[0]}"
+    proc = join(testbed, "-n", namespace, "--server", closed, "--timeout", "90")
+    took = time.monotonic() - started
+    assert proc.returncode == 1
+    print(f"join failed after {took:.1f}s (timeout 90s)")
+    assert took < 45, "given up on once the Target kept saying Unreachable, not at the timeout"
+    assert f"Target {namespace}/{TARGET}: Unreachable (" in proc.stderr  # progress, as it came
+    assert proc.stderr.splitlines()[-1].startswith(
+        f"error: Target {namespace}/{TARGET} in context {SOURCE} not Ready after "
+    )
+    assert "Unreachable" in proc.stderr.splitlines()[-1]
+    assert proc.stdout.splitlines()[-4:] == [
+        f"Target {namespace}/{TARGET} deleted in {SOURCE} (rolled back)",
+        f"Secret {namespace}/{TARGET} deleted in {SOURCE} (rolled back)",
+        f"Secret {namespace}/{SOURCE}-token deleted in {TARGET} (rolled back)",
+        f"Source {namespace}/{SOURCE} deleted in {TARGET} (rolled back)",
+    ]
+    assert joined_objects(kubectl, namespace) == NOTHING_JOINED
+
+
+def test_join_in_a_namespace_the_source_lacks_writes_nothing(
+    installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str
+):
+    kubectl(SOURCE, "delete", "namespace", namespace, "--wait=true")
+    proc = join(testbed, "-n", namespace)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(f"error: namespace {namespace} not found in context {SOURCE}")
+    assert proc.stderr.rstrip().endswith("nothing was written")
+    assert kubectl.json(TARGET, "get", "sources", "-n", namespace)["items"] == []
+
+
+def unjoin(testbed: TestBed, *args: str):
+    return cli(
+        testbed.kubeconfig,
+        "unjoin",
+        "--source-context",
+        SOURCE,
+        "--target-context",
+        TARGET,
+        *args,
+    )
+
+
+def test_unjoin_removes_what_join_made_and_its_delegates(
+    installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str
+):
+    assert join(testbed, "-n", namespace).returncode == 0
+    node = f"admiralty-namespace-{namespace}-{TARGET}"
+    kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler=enabled")
+    kubectl.apply(SOURCE, nginx(replicas=3), "-n", namespace)
+    try:
+        wait_for(
+            lambda: len(delegates(kubectl, TARGET, namespace)) == 3,
+            90,
+            what="3 delegates in cluster2",
+        )
+        joined = joined_objects(kubectl, namespace)
+        assert joined == {
+            "targets": [TARGET],
+            "kubeconfig secrets": [TARGET],
+            "sources": [SOURCE],
+            "token secrets": [f"{SOURCE}-token"],
+        }
+
+        dry = unjoin(testbed, "-n", namespace, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert dry.stdout.splitlines() == [
+            f"Target {namespace}/{TARGET} would be deleted in {SOURCE}",
+            f"Secret {namespace}/{TARGET} would be deleted in {SOURCE}",
+            f"Source {namespace}/{SOURCE} would be deleted in {TARGET} (its service account and "
+            f"bindings go with it)",
+            f"Secret {namespace}/{SOURCE}-token would be deleted in {TARGET} (the token export "
+            f"made for {namespace}/{SOURCE})",
+        ]
+        assert joined_objects(kubectl, namespace) == joined
+        assert len(delegates(kubectl, TARGET, namespace)) == 3
+
+        started = time.monotonic()
+        proc = unjoin(testbed, "-n", namespace)
+        print(f"unjoin took {time.monotonic() - started:.1f}s")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines() == [
+            f"Target {namespace}/{TARGET} deleted in {SOURCE}",
+            f"virtual node {node} deleted by the agent, with its delegates and copies",
+            f"Secret {namespace}/{TARGET} deleted in {SOURCE}",
+            f"Source {namespace}/{SOURCE} deleted in {TARGET} (its service account and "
+            f"bindings go with it)",
+            f"Secret {namespace}/{SOURCE}-token deleted in {TARGET} (the token export made for "
+            f"{namespace}/{SOURCE})",
+        ]
+        # The agent deleted the delegates before its credentials went.
+        assert delegates(kubectl, TARGET, namespace) == []
+        assert kubectl.run(SOURCE, "get", "node", node, check=False).returncode != 0
+        wait_for(
+            lambda: joined_objects(kubectl, namespace) == NOTHING_JOINED,
+            30,
+            what="nothing join made left",
+        )
+        wait_for(
+            lambda: (
+                kubectl.run(
+                    TARGET, "get", "serviceaccount", SOURCE, "-n", namespace, check=False
+                ).returncode
+                != 0
+            ),
+            30,
+            what="the Source's service account gone with it",
+        )
+
+        again = unjoin(testbed, "-n", namespace)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.splitlines() == [
+            f"Target {namespace}/{TARGET} not found in {SOURCE}",
+            f"Secret {namespace}/{TARGET} not found in {SOURCE}",
+            f"Source {namespace}/{SOURCE} not found in {TARGET}",
+        ]
+    finally:
+        kubectl(SOURCE, "delete", "deployment", "nginx", "-n", namespace, "--wait=false")
+        wait_for(lambda: nothing_left(kubectl, namespace), 60, what="proxies and delegates gone")
+
+
+def test_unjoin_keeps_a_secret_join_did_not_write(
+    installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str
+):
+    grant = join(testbed, "-n", namespace, "--no-wait")
+    assert grant.returncode == 0, grant.stderr
+    # The Target now uses a Secret of the user's, which unjoin must leave alone.
+    kubectl(
+        SOURCE, "create", "secret", "generic", "mine", "-n", namespace, "--from-literal=password=x"
+    )
+    kubectl(
+        SOURCE,
+        "patch",
+        "target",
+        TARGET,
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec": {"kubeconfigSecret": {"name": "mine"}}}',
+    )
+    proc = unjoin(testbed, "-n", namespace)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        f"Secret {namespace}/mine kept in {SOURCE}: join or export did not write it (it holds "
+        f"password)"
+    ) in proc.stdout.splitlines()
+    kubectl(SOURCE, "get", "secret", "mine", "-n", namespace)
+    assert kubectl.json(TARGET, "get", "sources", "-n", namespace)["items"] == []

@@ -67,6 +67,7 @@ from .targets.limits import (
     TargetLimits,
 )
 from .targets.registry import TargetRegistry
+from .virtual_kubelet.event_reflector import EventReflector
 from .virtual_kubelet.kubelet import KubeletApi
 from .virtual_kubelet.loop import NodeSettings, VirtualKubelet, release_owner
 from .virtual_kubelet.pods import PodSync
@@ -76,6 +77,16 @@ from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service
 from .webhook.server import WebhookProcess, WebhookServer
 
 log = logging.getLogger("multicluster_scheduler.agent")
+
+EXAMPLES = """\
+  # what the chart's Deployment runs, in the cluster (its service account; settings from MCS_*)
+  multicluster-scheduler agent --namespace admiralty
+
+  # outside the cluster, against a kubeconfig context: the webhook and the kubelet API must then
+  # be reachable from the API server at an address its certificate names
+  multicluster-scheduler agent --namespace admiralty --kubeconfig ~/.kube/config \\
+      --context cluster1 --webhook-cert-host 192.0.2.10 --node-address 192.0.2.10
+"""
 IDENTITY_PATIENCE = 20.0
 # Bytes read at a time from each TLS connection (asyncio's default: 256 KiB, held per connection;
 # an agent with 100 Targets holds 600 connections). Reading a large list costs the client 1.9 ms
@@ -430,6 +441,7 @@ async def add_controllers(
         prepare=follow.prepare,
     )
     pods = PodSync(cluster, lookup)
+    manager.add_runnable(EventReflector(cluster, lookup).run, needs_leader=True)
     excluded = (settings.namespace,)
     refused = settings.ingress_refused_annotations
     services = ServiceSync(

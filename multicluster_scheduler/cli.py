@@ -7,7 +7,7 @@ import difflib
 import sys
 
 from . import __version__, agent
-from .connect import export, join, status
+from .connect import export, join, status, unjoin
 
 # Each subcommand module offers add_arguments(parser) and main(args) -> exit code, and may
 # offer EXAMPLES: command lines shown at the end of its help.
@@ -21,6 +21,10 @@ COMMANDS = {
         join,
         "connect a source cluster to a target: Source in the target, Secret and Target in the "
         "source",
+    ),
+    "unjoin": (
+        unjoin,
+        "disconnect a source cluster from a target: what join made, deleted in both clusters",
     ),
     "status": (
         status,

@@ -3,13 +3,14 @@ and join fail with a message on stderr and exit code 1."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 
 import pytest
 
 from multicluster_scheduler import __version__
-from multicluster_scheduler.cli import main
+from multicluster_scheduler.cli import HelpFormatter, build_parser, main
 
 
 def test_version(capsys):
@@ -70,7 +71,7 @@ def test_join_with_an_unreachable_target_names_its_address(tmp_path, capsys):
     argv = ["join", "--kubeconfig", path, "--source-context", "a", "--target-context", "a"]
     assert main(argv) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot read Target default/a: the API server of context a")
+    assert err.startswith("error: cannot read Namespace default: the API server of context a")
     assert f"(https://127.0.0.1:{port}) does not answer" in err
 
 
@@ -113,3 +114,27 @@ def test_options_are_taken_only_as_written(argv, says, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert f"error: unrecognized option {says}" in capsys.readouterr().err
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_every_option_says_what_it_does_and_its_default(command: str):
+    parser = subcommands()[command]
+    text = parser.format_help()
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        assert action.help, f"{command} {action.option_strings[-1]} has no help"
+        if action.default not in (None, [], argparse.SUPPRESS) and action.nargs != 0:
+            rendered = HelpFormatter("x")._get_help_string(action) or ""
+            assert "default" in rendered, f"{command} {action.option_strings[-1]}: no default"
+    assert "\nexamples:\n" in text, f"{command} --help has no examples"
+    for line in text.split("\nexamples:\n", 1)[1].splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            assert line.startswith(
+                ("  multicluster-scheduler ", "  kubectl ", "      ", "  MCS_")
+            ), line

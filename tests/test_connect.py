@@ -8,6 +8,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ from multicluster_scheduler.connect.kubeconfig import (
 )
 from multicluster_scheduler.connect.problems import ConnectError, explain
 from multicluster_scheduler.connect.remote import Context, read_context
+from multicluster_scheduler.connect.unjoin import unjoin
 
 CA = CertificateAuthority.new("context-ca", path_length=None).cert_pem
 OTHER_CA = CertificateAuthority.new("token-ca", path_length=None).cert_pem
@@ -559,6 +561,7 @@ class FakeClient:
         self.version = 0
         self.fill_after = fill_after
         self.reads = 0
+        self.deleted: list[tuple[str, str | None, str]] = []
 
     def put(self, plural: str, obj: dict) -> dict:
         obj = copy.deepcopy(obj)
@@ -615,13 +618,28 @@ class FakeClient:
             patch = merged
         return self.put(resource.plural, patch)
 
+    async def delete(self, resource, name, namespace=None, *, preconditions=None, **_):
+        key = (resource.plural, namespace if resource.namespaced else None, name)
+        if key not in self.objects:
+            raise NotFound("not found", body=status(404, "nf", {"name": name}))
+        uid = (preconditions or {}).get("uid")
+        if uid and self.objects[key]["metadata"]["uid"] != uid:
+            raise error_for(409, status(409, "Precondition failed: UID in precondition"), "fake")
+        self.deleted.append(key)
+        return self.objects.pop(key)
+
     async def close(self) -> None:
         pass
 
 
-def fake_context(name: str = "cluster2", **options) -> Context:
+def fake_context(
+    name: str = "cluster2", namespaces: tuple[str, ...] = ("t", "admiralty"), **options
+) -> Context:
     cluster = ContextCluster(context=name, server=f"https://{name}:6443", ca_pem=CA)
-    return Context(name, cluster, FakeClient(**options))  # type: ignore[arg-type]
+    client = FakeClient(**options)
+    for namespace in namespaces:
+        client.put("namespaces", {"metadata": {"name": namespace}})
+    return Context(name, cluster, client)  # type: ignore[arg-type]
 
 
 ACCOUNT = {"metadata": {"name": "c1", "namespace": "t", "uid": "uid-sa"}}
@@ -727,6 +745,7 @@ async def test_join_twice_changes_nothing_the_second_time():
     await join(plan(), source, target, wait=False, report=lines.append)
     assert lines == [
         "Source t/cluster1 created in cluster2",
+        "Secret t/cluster1-token created in cluster2 (the token for t/cluster1)",
         "Secret t/cluster2 created in cluster1 (kubeconfig of t/cluster1)",
         "Target t/cluster2 created in cluster1",
     ]
@@ -991,3 +1010,228 @@ async def test_an_apply_is_unchanged_when_only_a_controller_wrote_meanwhile():
     changed = {**manifest, "spec": {"kubeconfigSecret": {"name": "other", "key": "config"}}}
     _, outcome = await context.apply(TARGETS, changed)
     assert outcome == "configured"
+
+
+# -- all or nothing, progress, early failure ---------------------------------------------------
+
+
+def failing_target(reason: str, message: str) -> dict:
+    target = ready_target("2024-01-01T10:00:00Z")
+    condition = target["status"]["conditions"][0]
+    condition.update(status="False", reason=reason, message=message)
+    return target
+
+
+def joining() -> tuple[Context, Context, JoinPlan]:
+    source, target = fake_context("cluster1"), fake_context("cluster2")
+    target.client.put("serviceaccounts", {"metadata": {"name": "cluster1", "namespace": "t"}})
+    return source, target, rejoin_plan()
+
+
+async def test_a_target_that_keeps_failing_is_given_up_early_and_rolled_back():
+    source, target, plan = joining()
+    before = copy.deepcopy(target.client.objects), copy.deepcopy(source.client.objects)
+
+    async def agent() -> None:  # what the targets controller says within a second
+        while ("targets", "t", "cluster2") not in source.client.objects:
+            await asyncio.sleep(0.01)
+        source.client.put("targets", failing_target("Unreachable", "connection refused"))
+
+    lines: list[str] = []
+    progress: list[str] = []
+    reporting = asyncio.create_task(agent())
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(ConnectError) as error:
+        await join(
+            plan,
+            source,
+            target,
+            timeout=30,
+            give_up_after=0.5,
+            report=lines.append,
+            progress=progress.append,
+        )
+    took = asyncio.get_running_loop().time() - started
+    await reporting
+    assert took < 5  # not the 30 s timeout
+    assert re.match(
+        r"Target t/cluster2 in context cluster1 not Ready after 0\.[5-9]s: Unreachable "
+        r"\(connection refused\); the address in the Secret must be reachable",
+        str(error.value),
+    )
+    assert progress == [
+        "waiting for Target t/cluster2 to be Ready (at most 30s)",
+        "Target t/cluster2: Unreachable (connection refused)",
+    ]
+    assert lines == [
+        "Source t/cluster1 created in cluster2",
+        "Secret t/cluster1-token created in cluster2 (the token for t/cluster1)",
+        "Secret t/cluster2 created in cluster1 (kubeconfig of t/cluster1)",
+        "Target t/cluster2 created in cluster1",
+        "Target t/cluster2 deleted in cluster1 (rolled back)",
+        "Secret t/cluster2 deleted in cluster1 (rolled back)",
+        "Secret t/cluster1-token deleted in cluster2 (rolled back)",
+        "Source t/cluster1 deleted in cluster2 (rolled back)",
+    ]
+    assert (target.client.objects, source.client.objects) == before
+
+
+async def test_connecting_is_waited_for_until_the_timeout():
+    source, target, plan = joining()
+    await join(plan, source, target, wait=False, report=lambda _: None)
+    source.client.put("targets", failing_target("Connecting", "connecting to the target"))
+    with pytest.raises(ConnectError, match=r"not Ready after 1s: Connecting"):
+        await join(plan, source, target, timeout=1, give_up_after=0.1, report=lambda _: None)
+
+
+async def test_a_failed_rejoin_keeps_what_existed_before():
+    source, target = await joined_and_ready()
+    stored = copy.deepcopy(source.client.objects), copy.deepcopy(target.client.objects)
+    source.client.put("targets", failing_target("Unauthorized", "token rejected"))
+    lines: list[str] = []
+    with pytest.raises(ConnectError, match="Unauthorized"):
+        await join(rejoin_plan(), source, target, timeout=5, give_up_after=0.2, report=lines.append)
+    assert not any("rolled back" in line for line in lines)
+    assert {k for k in source.client.objects} == {k for k in stored[0]}
+    assert {k for k in target.client.objects} == {k for k in stored[1]}
+
+
+async def test_no_rollback_keeps_what_was_made():
+    source, target, plan = joining()
+    with pytest.raises(ConnectError):
+        await join(plan, source, target, timeout=0.2, rollback=False, report=lambda _: None)
+    assert ("targets", "t", "cluster2") in source.client.objects
+    assert ("sources", "t", "cluster1") in target.client.objects
+
+
+async def test_a_namespace_missing_in_the_source_is_said_before_anything_is_written():
+    source, target = fake_context("cluster1", namespaces=()), fake_context("cluster2")
+    stored = copy.deepcopy(target.client.objects)
+    with pytest.raises(ConnectError) as error:
+        await join(rejoin_plan(), source, target, report=lambda _: None)
+    assert str(error.value) == (
+        "namespace t not found in context cluster1: give the namespace of the service account "
+        "with -n (kubectl --context cluster1 get namespaces lists them), or create it first "
+        "(kubectl --context cluster1 create namespace t); nothing was written"
+    )
+    assert target.client.objects == stored
+
+
+async def test_a_failure_after_the_source_was_made_deletes_it():
+    source, target = fake_context("cluster1"), fake_context("cluster2")  # no agent in cluster2
+    lines: list[str] = []
+    with pytest.raises(ConnectError, match=r"did not appear in context cluster2 within 0\.2s"):
+        await join(rejoin_plan(), source, target, timeout=0.2, report=lines.append)
+    assert lines == [
+        "Source t/cluster1 created in cluster2",
+        "Source t/cluster1 deleted in cluster2 (rolled back)",
+    ]
+    assert ("sources", "t", "cluster1") not in target.client.objects
+
+
+async def test_export_names_a_missing_namespace_rather_than_the_account():
+    ctx = fake_context("cluster2", namespaces=())
+    with pytest.raises(ConnectError) as error:
+        await token_secret(ctx, "nosuchns", "c1")
+    assert str(error.value).startswith("namespace nosuchns not found in context cluster2")
+
+
+# -- unjoin -----------------------------------------------------------------------------------
+
+
+async def unjoin_lines(source: Context, target: Context, **options) -> list[str]:
+    lines: list[str] = []
+    await unjoin(rejoin_plan(), source, target, timeout=0.3, report=lines.append, **options)
+    return lines
+
+
+async def test_unjoin_dry_run_lists_what_join_made_and_deletes_nothing():
+    source, target, plan = joining()
+    await join(plan, source, target, wait=False, report=lambda _: None)
+    stored = copy.deepcopy(source.client.objects), copy.deepcopy(target.client.objects)
+    assert await unjoin_lines(source, target, dry_run=True) == [
+        "Target t/cluster2 would be deleted in cluster1",
+        "Secret t/cluster2 would be deleted in cluster1",
+        "Source t/cluster1 would be deleted in cluster2 (its service account and bindings go "
+        "with it)",
+        "Secret t/cluster1-token would be deleted in cluster2 (the token export made for "
+        "t/cluster1)",
+    ]
+    assert (source.client.objects, target.client.objects) == stored
+
+
+async def test_unjoin_deletes_the_target_first_and_waits_for_its_node():
+    source, target, plan = joining()
+    await join(plan, source, target, wait=False, report=lambda _: None)
+    node = {"metadata": {"name": "admiralty-namespace-t-cluster2"}}
+    source.client.put("nodes", node)
+    with pytest.raises(ConnectError) as error:
+        await unjoin_lines(source, target)
+    assert str(error.value).startswith(
+        "virtual node admiralty-namespace-t-cluster2 is still in context cluster1 0.3s after its "
+        "Target t/cluster2 was deleted: is the multicluster-scheduler agent running in the "
+        "source? Nothing else was deleted"
+    )
+    assert source.client.deleted == [("targets", "t", "cluster2")]
+
+    async def agent() -> None:  # deletes the node once its Target is gone
+        await asyncio.sleep(0.1)
+        source.client.objects.pop(("nodes", None, node["metadata"]["name"]))
+
+    source.client.put("targets", ready_target("2024-01-01T10:00:00Z"))
+    source.client.put("nodes", node)
+    deleting = asyncio.create_task(agent())
+    lines: list[str] = []
+    await unjoin(rejoin_plan(), source, target, timeout=5, report=lines.append)
+    await deleting
+    assert lines == [
+        "Target t/cluster2 deleted in cluster1",
+        "virtual node admiralty-namespace-t-cluster2 deleted by the agent, with its delegates "
+        "and copies",
+        "Secret t/cluster2 deleted in cluster1",
+        "Source t/cluster1 deleted in cluster2 (its service account and bindings go with it)",
+        "Secret t/cluster1-token deleted in cluster2 (the token export made for t/cluster1)",
+    ]
+    assert await unjoin_lines(source, target) == [
+        "Target t/cluster2 not found in cluster1",
+        "Secret t/cluster2 not found in cluster1",
+        "Source t/cluster1 not found in cluster2",
+    ]
+
+
+async def test_unjoin_leaves_secrets_it_did_not_write_or_that_another_target_uses():
+    source, target, plan = joining()
+    await join(plan, source, target, wait=False, report=lambda _: None)
+    other = copy.deepcopy(source.client.objects[("targets", "t", "cluster2")])
+    other["metadata"] = {"name": "again", "namespace": "t"}
+    source.client.put("targets", other)
+    lines = await unjoin_lines(source, target, dry_run=True)
+    assert "Secret t/cluster2 kept in cluster1: Target again uses it too" in lines
+    assert "Secret t/cluster2 would be deleted in cluster1" not in lines
+
+    mine = {**SECRET, "metadata": {"name": "cluster2", "namespace": "t"}}
+    mine["data"] = {"password": b64("hunter2")}
+    source.client.put("secrets", mine)
+    lines = await unjoin_lines(source, target, dry_run=True)
+    assert (
+        "Secret t/cluster2 kept in cluster1: join or export did not write it (it holds password)"
+    ) in lines
+
+
+async def test_unjoin_of_an_unreachable_target_still_disconnects_the_source():
+    source, target, plan = joining()
+    await join(plan, source, target, wait=False, report=lambda _: None)
+
+    async def down(*_, **__):
+        raise unreachable(ConnectionRefusedError("refused"))
+
+    target.client.get = down  # type: ignore[method-assign]
+    target.client.list = down  # type: ignore[method-assign]
+    with pytest.raises(ConnectError) as error:
+        await unjoin(rejoin_plan(), source, target, wait=False, report=lambda _: None)
+    assert "does not answer" in str(error.value)
+    assert str(error.value).endswith(
+        "; the source side is disconnected, but the Source and token of t/cluster1 may be left "
+        "in context cluster2: run unjoin again once it answers"
+    )
+    assert source.client.deleted == [("targets", "t", "cluster2"), ("secrets", "t", "cluster2")]

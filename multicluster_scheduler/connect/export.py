@@ -14,7 +14,8 @@ import asyncio
 import base64
 import sys
 
-from multicluster.resources import SECRETS, SERVICEACCOUNTS
+from multicluster.errors import Forbidden
+from multicluster.resources import NAMESPACES, SECRETS, SERVICEACCOUNTS
 
 from .kubeconfig import exported_cluster, read_ca_file, service_account_kubeconfig
 from .manifests import CREATED_BY, kubeconfig_secret, name_from_context, to_yaml
@@ -27,6 +28,16 @@ SERVICE_ACCOUNT_UID = "kubernetes.io/service-account.uid"
 # Set by the legacy token cleaner on tokens it has invalidated (Kubernetes 1.29 and later).
 INVALID_SINCE = "kubernetes.io/legacy-token-invalid-since"
 DEFAULT_TOKEN_TIMEOUT = 10.0
+
+EXAMPLES = """\
+  # in the target: the service account c1 of namespace default, as the Secret c2 in the source
+  multicluster-scheduler export c1 --as c2 -n default --context cluster2 \\
+      | kubectl --context cluster1 -n default apply -f -
+
+  # the same, for a source whose agent reaches the target at another address
+  multicluster-scheduler export c1 --as c2 -n default --context cluster2 \\
+      --server https://10.0.0.12:6443 | kubectl --context cluster1 -n default apply -f -
+"""
 
 
 def token_secret_for(secret: dict, service_account: dict) -> bool:
@@ -69,18 +80,42 @@ def missing_service_account(namespace: str, name: str, context: str) -> str:
     )
 
 
+def missing_namespace(namespace: str, context: str) -> str:
+    return (
+        f"namespace {namespace} not found in context {context}: give the namespace of the "
+        f"service account with -n (kubectl --context {context} get namespaces lists them)"
+    )
+
+
+async def namespace_exists(ctx: Context, namespace: str) -> bool | None:
+    """Whether the namespace exists; None when the context may not read it."""
+    try:
+        return await ctx.get(NAMESPACES, namespace) is not None
+    except ConnectError as e:
+        if isinstance(e.__cause__, Forbidden):
+            return None
+        raise
+
+
 async def read_service_account(ctx: Context, namespace: str, name: str) -> dict:
     account = await ctx.get(SERVICEACCOUNTS, name, namespace)
     if account is None:
+        if await namespace_exists(ctx, namespace) is False:
+            raise ConnectError(missing_namespace(namespace, ctx.name))
         raise ConnectError(missing_service_account(namespace, name, ctx.name))
     return account
 
 
 async def token_secret(
-    ctx: Context, namespace: str, name: str, timeout: float = DEFAULT_TOKEN_TIMEOUT
+    ctx: Context,
+    namespace: str,
+    name: str,
+    timeout: float = DEFAULT_TOKEN_TIMEOUT,
+    made: list[dict] | None = None,
 ) -> dict:
     """A filled token Secret of service account ``namespace/name``: an existing one (the oldest),
-    or one created now and filled by the token controller within ``timeout`` seconds."""
+    or one created now (appended to ``made``) and filled by the token controller within
+    ``timeout`` seconds."""
     account = await read_service_account(ctx, namespace, name)
     listed, _ = await ctx.call(
         f"list Secrets in namespace {namespace}",
@@ -100,7 +135,12 @@ async def token_secret(
     for secret in candidates:
         if token_of(secret):
             return secret
-    secret = candidates[0] if candidates else await _create_token_secret(ctx, namespace, name)
+    if candidates:
+        secret = candidates[0]
+    else:
+        secret = await _create_token_secret(ctx, namespace, name)
+        if made is not None:
+            made.append(secret)
     return await _wait_filled(ctx, secret, timeout)
 
 
@@ -150,9 +190,11 @@ async def export(
     ca_pem: bytes | None = None,
     tls_server_name: str | None = None,
     token_timeout: float = DEFAULT_TOKEN_TIMEOUT,
+    made: list[dict] | None = None,
 ) -> dict:
-    """The Secret (without namespace) holding a kubeconfig for ``namespace/service_account``."""
-    secret = await token_secret(ctx, namespace, service_account, token_timeout)
+    """The Secret (without namespace) holding a kubeconfig for ``namespace/service_account``;
+    a token Secret created for it is appended to ``made``."""
+    secret = await token_secret(ctx, namespace, service_account, token_timeout, made)
     token_ca = (secret.get("data") or {}).get("ca.crt")
     cluster = exported_cluster(
         ctx.cluster,
@@ -176,16 +218,19 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--server",
+        metavar="URL",
         help="API server address as the source cluster's agent reaches it "
         "(default: the one of the kubeconfig context)",
     )
     add(
         "--ca-file",
+        metavar="FILE",
         help="PEM CA certificate that signs that server's certificate (default: the one "
         "next to the token, else the kubeconfig context's)",
     )
     add(
         "--tls-server-name",
+        metavar="NAME",
         help="name to verify the server's certificate against, when it is not the host of "
         "--server (default: the kubeconfig context's, unless --server gives another address)",
     )
@@ -193,6 +238,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         "--token-timeout",
         type=float,
         default=DEFAULT_TOKEN_TIMEOUT,
+        metavar="SECONDS",
         help="seconds to wait for the token controller to fill a new token Secret",
     )
 
@@ -200,9 +246,22 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("service_account", metavar="SERVICE_ACCOUNT", help="service account to export")
-    add("--as", dest="secret_name", required=True, metavar="SECRET_NAME", help="Secret name")
-    add("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-    add("--context", help="kubeconfig context of the cluster (default: the current one)")
+    add(
+        "--as",
+        dest="secret_name",
+        required=True,
+        metavar="SECRET_NAME",
+        help="name of the Secret printed (the name a Target's kubeconfigSecret gives)",
+    )
+    add(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)",
+    )
+    add(
+        "--context",
+        help="kubeconfig context of the cluster of the service account (default: the current one)",
+    )
     add(
         "-n",
         "--namespace",

@@ -7,6 +7,11 @@ source that uses the Secret. Then, by default, wait until the Target is Ready. J
 to itself (the same context, or two contexts of one cluster) makes a self Target. Running join
 twice changes nothing. An existing Secret of the same name is overwritten only when join or
 export wrote it.
+
+All or nothing: the namespaces are checked before anything is written, and when a step fails
+(or the Target reports a failure, or the user interrupts), what this run created is deleted
+again, newest first. What existed before stays, changed or not. Progress (what it waits for, the
+Target's condition as it changes) goes to standard error; what was done to standard output.
 """
 
 from __future__ import annotations
@@ -16,24 +21,53 @@ import asyncio
 import base64
 import binascii
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import yaml
 
+from multicluster import Resource
 from multicluster.errors import Forbidden
 from multicluster.resources import NAMESPACES, SECRETS, SERVICEACCOUNTS
 
 from ..api.naming import virtual_node_name
 from ..api.resources import CLUSTER_SOURCES, CLUSTER_TARGETS, SOURCES, TARGETS
 from . import manifests
-from .export import DEFAULT_TOKEN_TIMEOUT, add_connection_arguments, export
+from .export import (
+    DEFAULT_TOKEN_TIMEOUT,
+    add_connection_arguments,
+    export,
+    missing_namespace,
+    namespace_exists,
+)
 from .kubeconfig import read_ca_file
 from .problems import ConnectError
 from .remote import FIELD_MANAGER, Context, open_context, poll
 
 DEFAULT_CLUSTER_NAMESPACE = "admiralty"
 DEFAULT_TIMEOUT = 60.0
+# A Target that reports the same failure (Unreachable, Unauthorized…) for this long is given up
+# on before the timeout: the agent retries, but a wrong address or token does not heal itself.
+GIVE_UP_AFTER = 10.0
+# Reasons of a Target still on its way, never a failure.
+ON_ITS_WAY = {"Connecting", "Ready"}
+
+EXAMPLES = """\
+  # connect cluster1 (source) to cluster2 (target) in namespace default, as the user guide does
+  multicluster-scheduler join --source-context cluster1 --target-context cluster2 -n default
+
+  # every namespace of cluster1 (a ClusterSource and a ClusterTarget)
+  multicluster-scheduler join --source-context cluster1 --target-context cluster2 \\
+      --cluster-scoped
+
+  # a cluster that the source's agent reaches at another address than your kubeconfig's
+  multicluster-scheduler join --source-context cluster1 --target-context cluster2 -n default \\
+      --server https://10.0.0.12:6443 --ca-file cluster2-ca.pem
+
+  # the source itself as a target (a self Target: no Source, no Secret)
+  multicluster-scheduler join --source-context cluster1 --target-context cluster1 -n default
+"""
 
 # What to do when a Target stays not Ready, by the reason the targets controller gives.
 READY_HINTS = {
@@ -128,7 +162,7 @@ def plan_from(args: argparse.Namespace, default_namespace: str | None = None) ->
         service_account_namespace=namespace or args.service_account_namespace,
         target_name=target_name,
         secret_namespace=namespace or args.secret_namespace,
-        key=args.key,
+        key=getattr(args, "key", "config"),
     )
 
 
@@ -177,6 +211,32 @@ def not_ready_message(
     return f"{message}; {advice}" if advice else message
 
 
+@dataclass
+class Made:
+    """What one join run created, newest last, to delete again when a later step fails."""
+
+    objects: list[tuple[Context, Resource, str, str | None, str | None]] = field(
+        default_factory=list
+    )
+
+    def add(self, ctx: Context, resource: Resource, obj: dict) -> None:
+        meta = obj["metadata"]
+        self.objects.append((ctx, resource, meta["name"], meta.get("namespace"), meta.get("uid")))
+
+    async def undo(self, report: Callable[[str], None]) -> list[str]:
+        """Delete them, newest first; what could not be deleted, said as it is left."""
+        left = []
+        while self.objects:
+            ctx, resource, name, namespace, uid = self.objects.pop()
+            what = describe(resource.kind, name, namespace)
+            try:
+                if await ctx.delete(resource, name, namespace, uid):
+                    report(f"{what} deleted in {ctx.name} (rolled back)")
+            except ConnectError as e:
+                left.append(f"{what} left in context {ctx.name} ({e})")
+        return left
+
+
 async def join(
     plan: JoinPlan,
     source: Context,
@@ -189,6 +249,53 @@ async def join(
     timeout: float = DEFAULT_TIMEOUT,
     token_timeout: float = DEFAULT_TOKEN_TIMEOUT,
     report: Callable[[str], None] = print,
+    progress: Callable[[str], None] = lambda _: None,
+    rollback: bool = True,
+    give_up_after: float = GIVE_UP_AFTER,
+) -> None:
+    """Connect the plan's source to its target; when a step fails (or the run is cancelled),
+    delete what this run created, unless ``rollback`` is False."""
+    made = Made()
+    try:
+        await _join(
+            plan,
+            source,
+            target,
+            made,
+            server=server,
+            ca_pem=ca_pem,
+            tls_server_name=tls_server_name,
+            wait=wait,
+            timeout=timeout,
+            token_timeout=token_timeout,
+            report=report,
+            progress=progress,
+            give_up_after=give_up_after,
+        )
+    except (ConnectError, asyncio.CancelledError) as e:
+        if not rollback or not made.objects:
+            raise
+        left = await made.undo(report)
+        if isinstance(e, ConnectError) and left:
+            raise ConnectError(f"{e}; not rolled back: {'; '.join(left)}") from e
+        raise
+
+
+async def _join(
+    plan: JoinPlan,
+    source: Context,
+    target: Context,
+    made: Made,
+    *,
+    server: str | None,
+    ca_pem: bytes | None,
+    tls_server_name: str | None,
+    wait: bool,
+    timeout: float,
+    token_timeout: float,
+    report: Callable[[str], None],
+    progress: Callable[[str], None],
+    give_up_after: float,
 ) -> None:
     if not plan.self_target:
         sameness = await same_cluster(source, target)
@@ -198,6 +305,7 @@ async def join(
                 f"contexts {source.name} and {target.name} reach the same cluster ({sameness}): "
                 f"making a self Target"
             )
+    await check_namespaces(plan, source, target)
     resource = CLUSTER_TARGETS if plan.cluster_scoped else TARGETS
     what = describe(resource.kind, plan.target_name, plan.namespace)
     stale: dict | None = None
@@ -209,19 +317,49 @@ async def join(
             plan,
             source,
             target,
+            made,
             server=server,
             ca_pem=ca_pem,
             tls_server_name=tls_server_name,
             timeout=timeout,
             token_timeout=token_timeout,
             report=report,
+            progress=progress,
         )
         if secret_outcome == "configured":
             stale = ready_before
-    _, outcome = await source.apply(resource, plan.target_manifest())
+    applied, outcome = await source.apply(resource, plan.target_manifest())
+    if outcome == "created":
+        made.add(source, resource, applied)
     report(f"{what} {outcome} in {source.name}")
     if wait:
-        await wait_ready(plan, source, target, stale, timeout, report)
+        await wait_ready(plan, source, target, stale, timeout, report, progress, give_up_after)
+
+
+async def check_namespaces(plan: JoinPlan, source: Context, target: Context) -> None:
+    """Before anything is written: the namespaces join writes in exist (where it may read
+    namespaces; the API server says so otherwise, and what was made is rolled back)."""
+    needed: list[tuple[Context, str]] = []
+    if plan.namespace:
+        needed.append((source, plan.namespace))
+        if not plan.self_target:
+            needed.append((target, plan.namespace))
+    elif not plan.self_target:
+        needed += [(source, plan.secret_namespace), (target, plan.service_account_namespace)]
+    for ctx, namespace in needed:
+        if namespace and await namespace_exists(ctx, namespace) is False:
+            raise ConnectError(
+                f"{missing_namespace(namespace, ctx.name)}, or create it first (kubectl "
+                f"--context {ctx.name} create namespace {namespace}); nothing was written"
+            )
+
+
+def failing(condition: dict | None) -> str | None:
+    """The reason of a Ready condition that reports a failure (not one on its way)."""
+    if condition is None or condition.get("status") == "True":
+        return None
+    reason = condition.get("reason") or "Unknown"
+    return None if reason in ON_ITS_WAY else reason
 
 
 async def wait_ready(
@@ -231,24 +369,43 @@ async def wait_ready(
     stale: dict | None,
     timeout: float,
     report: Callable[[str], None],
+    progress: Callable[[str], None] = lambda _: None,
+    give_up_after: float = GIVE_UP_AFTER,
 ) -> None:
-    """Until the Target says Ready (a condition newer than ``stale``), or why not."""
+    """Until the Target says Ready (a condition newer than ``stale``), or why not: at the
+    timeout, or as soon as it has reported the same failure for ``give_up_after`` seconds."""
     resource = CLUSTER_TARGETS if plan.cluster_scoped else TARGETS
     what = describe(resource.kind, plan.target_name, plan.namespace)
     last: dict | None = None
     waiting_for_reconnection = False
+    shown: tuple | None = None
+    failure: tuple[str, float] | None = None  # (reason, since)
+    started = time.monotonic()
+    progress(f"waiting for {what} to be Ready (at most {timeout:g}s)")
 
     async def ready() -> bool | None:
-        nonlocal last, waiting_for_reconnection
+        nonlocal last, waiting_for_reconnection, shown, failure
         current = await source.get(resource, plan.target_name, plan.namespace)
         if current is None:
             raise ConnectError(f"{what} disappeared from context {source.name} while waiting")
         last = fresh_ready_condition(current, stale)
         waiting_for_reconnection = last is None and ready_condition(current) is not None
-        return True if last is not None and last.get("status") == "True" else None
+        if last is not None and last.get("status") == "True":
+            return True
+        if last is not None and (last.get("reason"), last.get("message")) != shown:
+            shown = (last.get("reason"), last.get("message"))
+            progress(f"{what}: {shown[0] or 'Unknown'} ({shown[1] or 'no message'})")
+        reason, now = failing(last), time.monotonic()
+        if reason is None or failure is None or failure[0] != reason:
+            failure = (reason, now) if reason else None
+        elif now - failure[1] >= give_up_after:
+            return False
+        return None
 
-    if await poll(ready, timeout) is None:
-        message = not_ready_message(what, source.name, timeout, last, waiting_for_reconnection)
+    outcome = await poll(ready, timeout)
+    if outcome is not True:
+        waited = round(time.monotonic() - started, 1) if outcome is False else timeout
+        message = not_ready_message(what, source.name, waited, last, waiting_for_reconnection)
         if not plan.self_target:
             message += await source_problem(plan, target)
         raise ConnectError(message)
@@ -343,6 +500,7 @@ async def _grant_and_export(
     plan: JoinPlan,
     source: Context,
     target: Context,
+    made: Made,
     *,
     server: str | None,
     ca_pem: bytes | None,
@@ -350,10 +508,13 @@ async def _grant_and_export(
     timeout: float,
     token_timeout: float,
     report: Callable[[str], None],
+    progress: Callable[[str], None],
 ) -> str:
     """Source, service account, Secret; returns what happened to the Secret."""
     resource = CLUSTER_SOURCES if plan.cluster_scoped else SOURCES
-    _, outcome = await target.apply(resource, plan.source_manifest())
+    applied, outcome = await target.apply(resource, plan.source_manifest())
+    if outcome == "created":
+        made.add(target, resource, applied)
     what = describe(resource.kind, plan.source_name, plan.namespace)
     report(f"{what} {outcome} in {target.name}")
 
@@ -362,35 +523,67 @@ async def _grant_and_export(
     async def account_exists() -> dict | None:
         return await target.get(SERVICEACCOUNTS, account, account_namespace)
 
+    if await account_exists() is None:
+        progress(
+            f"waiting for service account {account_namespace}/{account} in {target.name} "
+            f"(the agent there makes it for the {resource.kind})"
+        )
     if await poll(account_exists, timeout) is None:
         raise ConnectError(
             f"service account {account_namespace}/{account} did not appear in context "
             f"{target.name} within {timeout:g}s: is multicluster-scheduler installed in "
             f"{target.name} with sourceController.enabled?" + await source_problem(plan, target)
         )
-    secret = await export(
-        target,
-        namespace=account_namespace,
-        service_account=account,
-        secret_name=plan.secret_name,
-        key=plan.key,
-        server=server,
-        ca_pem=ca_pem,
-        tls_server_name=tls_server_name,
-        token_timeout=token_timeout,
-    )
+    tokens: list[dict] = []
+    try:
+        secret = await export(
+            target,
+            namespace=account_namespace,
+            service_account=account,
+            secret_name=plan.secret_name,
+            key=plan.key,
+            server=server,
+            ca_pem=ca_pem,
+            tls_server_name=tls_server_name,
+            token_timeout=token_timeout,
+            made=tokens,
+        )
+    finally:
+        for token in tokens:
+            made.add(target, SECRETS, token)
+            where = describe("Secret", token["metadata"]["name"], account_namespace)
+            report(
+                f"{where} created in {target.name} (the token for {account_namespace}/{account})"
+            )
     secret["metadata"]["namespace"] = plan.secret_namespace
-    _, outcome = await source.apply(SECRETS, secret)
+    applied, outcome = await source.apply(SECRETS, secret)
+    if outcome == "created":
+        made.add(source, SECRETS, applied)
     where = describe("Secret", plan.secret_name, plan.secret_namespace)
     report(f"{where} {outcome} in {source.name} (kubeconfig of {account_namespace}/{account})")
     return outcome
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which clusters, and the names of what join writes: shared by join and unjoin."""
     add = parser.add_argument
-    add("--source-context", required=True, help="kubeconfig context of the source cluster")
-    add("--target-context", required=True, help="kubeconfig context of the target cluster")
-    add("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    add(
+        "--source-context",
+        required=True,
+        metavar="CONTEXT",
+        help="kubeconfig context of the source cluster (where pods are elected)",
+    )
+    add(
+        "--target-context",
+        required=True,
+        metavar="CONTEXT",
+        help="kubeconfig context of the target cluster (where delegates run)",
+    )
+    add(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)",
+    )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "-n",
@@ -401,35 +594,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope.add_argument(
         "--cluster-scoped",
         action="store_true",
-        help="a ClusterSource and a ClusterTarget: every namespace of the source",
+        help="a ClusterSource and a ClusterTarget, for every namespace of the source (default: "
+        "a namespaced Source and Target)",
     )
     add("--name", help="name of the Source (default: derived from the source context)")
     add(
-        "--target-name", help="name of the Target and its Secret (default: from the target context)"
+        "--target-name",
+        metavar="NAME",
+        help="name of the Target and its Secret (default: derived from the target context)",
     )
-    add("--service-account", help="service account of the Source (default: --name)")
+    add(
+        "--service-account",
+        metavar="NAME",
+        help="service account of the Source in the target (default: the Source's name)",
+    )
     add(
         "--service-account-namespace",
+        metavar="NAMESPACE",
         default=DEFAULT_CLUSTER_NAMESPACE,
         help="with --cluster-scoped: namespace of the service account in the target",
     )
     add(
         "--secret-namespace",
+        metavar="NAMESPACE",
         default=DEFAULT_CLUSTER_NAMESPACE,
         help="with --cluster-scoped: namespace of the kubeconfig Secret in the source",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_plan_arguments(parser)
+    add = parser.add_argument
     add("--key", default="config", help="data key of the kubeconfig in the Secret")
     add(
         "--wait",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="wait until the Target is Ready (default: yes)",
+        help="wait until the Target is Ready (default: --wait)",
     )
     add(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT,
-        help="seconds to wait for the service account, and for the Target to be Ready",
+        metavar="SECONDS",
+        help="seconds to wait for the service account, and for the Target to be Ready; a "
+        f"Target that reports the same failure for {GIVE_UP_AFTER:g}s is given up on sooner",
+    )
+    add(
+        "--rollback",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="when a step fails, delete what this run created (default: --rollback; "
+        "--no-rollback keeps it to look into)",
     )
     add_connection_arguments(parser)
 
@@ -452,6 +668,8 @@ async def run(args: argparse.Namespace) -> None:
             timeout=args.timeout,
             token_timeout=args.token_timeout,
             report=lambda line: print(line, flush=True),
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            rollback=args.rollback,
         )
 
 
@@ -461,4 +679,7 @@ def main(args: argparse.Namespace) -> int:
     except ConnectError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     return 0

@@ -70,6 +70,25 @@ class Context:
                 return None
             raise
 
+    async def delete(
+        self, resource: Resource, name: str, namespace: str | None = None, uid: str | None = None
+    ) -> bool:
+        """Delete the object (only the one of ``uid``, when given); False when it was gone."""
+        where = f"{namespace}/{name}" if namespace else name
+        preconditions = {"uid": uid} if uid else None
+        try:
+            await self.call(
+                f"delete {resource.kind} {where}",
+                self.client.delete(resource, name, namespace, preconditions=preconditions),
+                resource=resource,
+            )
+        except ConnectError as e:
+            cause = e.__cause__
+            if isinstance(cause, NotFound) and (cause.body.get("details") or {}).get("name"):
+                return False
+            raise
+        return True
+
     async def apply(self, resource: Resource, manifest: dict) -> tuple[dict, str]:
         """Create or update ``manifest`` by server-side apply; returns the object and what
         happened: ``created``, ``configured`` or ``unchanged``."""
