@@ -45,6 +45,7 @@ from multicluster.events import EventRecorder
 from multicluster.gc import add_finalizer, has_finalizer, is_deleting, remove_finalizer
 from multicluster.informer import DELETED, MODIFIED
 from multicluster.kubetime import parse_time
+from multicluster.ratelimit import RepeatBackoff
 from multicluster.resources import CONFIGMAPS, SECRETS, Resource
 
 from ..api import keys
@@ -73,6 +74,10 @@ REMOVAL_CONCURRENCY = 8  # copies deleted at once from a removed target (it may 
 NOT_CACHED_RETRY = 2.0
 FOREIGN_RETRY = 60.0  # someone else's object of the same name: looked at again after this
 RESYNC_EVERY = 300.0
+# A copy deleted in its target by someone else is made again at once, from the deletion's watch
+# event; deleted again and again, it is made again after 1, 2, 4... s, at most RESYNC_EVERY
+# (the count is forgotten after that long without a deletion: RepeatBackoff).
+RECREATE_BACKOFF = 1.0
 RESOURCES: dict[str, Resource] = {CONFIG_MAP: CONFIGMAPS, SECRET: SECRETS}
 
 Key = tuple[str, str, str]  # (virtual node, namespace, name)
@@ -152,6 +157,9 @@ class Follower:
         self._wanted: dict[Key, list[tuple[float, asyncio.Future]]] = {}
         self._written: dict[Key, tuple[str, float]] = {}  # → (hash, monotonic time)
         self._foreign: dict[Key, float] = {}  # → monotonic time until which it is skipped
+        # Copies deleted by someone else, made again later and later if that keeps happening.
+        self._recreations: RepeatBackoff[Key] = RepeatBackoff(RECREATE_BACKOFF, RESYNC_EVERY)
+        self._deleting: dict[Key, str] = {}  # → uid of the copy this controller deleted
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -210,11 +218,21 @@ class Follower:
 
         def on_copy(event: str, copy: dict, _old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
+            key = (node, meta["namespace"], meta["name"])
+            delay = 0.0
             if event == DELETED:
-                self._written.pop((node, meta["namespace"], meta["name"]), None)
+                self._written.pop(key, None)
+                if self._deleting.get(key) == meta.get("uid"):
+                    del self._deleting[key]  # deleted by this controller: nothing to make again
+                elif is_ours(copy, self.cluster_name):
+                    delay = self._recreations.happened(key)
             if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
                 request = self._request(meta["namespace"], meta["name"])
-                if not queue.failures(request):  # else retried with backoff already
+                if queue.failures(request):
+                    return  # retried with backoff already
+                if delay:
+                    queue.add_after(request, delay)
+                else:
                     queue.add(request, low_priority=initial)
 
         def recovered() -> None:
@@ -244,9 +262,10 @@ class Follower:
             registration.remove()
         self.copies.pop(node, None)
         self._delegates.pop(node, None)
-        for memo in (self._written, self._foreign):
+        for memo in (self._written, self._foreign, self._deleting):
             for key in [k for k in memo if k[0] == node]:
                 del memo[key]
+        self._recreations.discard_if(lambda key: key[0] == node)
 
     def _resync_copies(self, node: str, copies: Informer) -> None:
         connection = self.registry.by_node(node)
@@ -379,6 +398,8 @@ class Follower:
             self._warn(key, source, connection, "CopyConflict")
         elif self._foreign.get(key, 0.0) > plan.now:
             plan.later(self._foreign[key] - plan.now + 0.1)
+        elif copy is None and (wait := self._recreations.wait(key)):
+            plan.keep(look_again=wait)  # deleted there again and again: made again later
         else:
             plan.actions.append((connection, "write", copy))
 
@@ -489,6 +510,7 @@ class Follower:
         written_hash = slim_followed(body)["hash"]
         client = connection.client
         if copy is None:
+            self._deleting.pop(key, None)  # not cached: a deletion of ours was seen, or never made
             try:
                 await client.create(self.resource, body, namespace)
                 action = "created"
@@ -525,14 +547,21 @@ class Follower:
 
     async def _delete_copy(self, connection: TargetConnection, copy: dict) -> None:
         meta = copy["metadata"]
-        await connection.client.delete(
-            self.resource,
-            meta["name"],
-            meta["namespace"],
-            preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
-            missing_ok=True,
-        )
-        self._written.pop((connection.node_name, meta["namespace"], meta["name"]), None)
+        key = (connection.node_name, meta["namespace"], meta["name"])
+        if meta.get("uid"):
+            self._deleting[key] = meta["uid"]  # its deletion event is ours, not someone else's
+        try:
+            await connection.client.delete(
+                self.resource,
+                meta["name"],
+                meta["namespace"],
+                preconditions={"uid": meta["uid"]} if meta.get("uid") else None,
+                missing_ok=True,
+            )
+        except BaseException:
+            self._deleting.pop(key, None)
+            raise
+        self._written.pop(key, None)
         log.info(
             "copy deleted %s %s/%s target=%s",
             self.kind,

@@ -425,6 +425,107 @@ async def test_a_hanging_target_holds_up_no_other(world: World, monkeypatch: pyt
     assert world.copies("slow") == {}
 
 
+# -- copies deleted in a target by someone else ------------------------------------------------
+
+
+async def delete_by_hand(world: World, target: str, name: str = "settings") -> str:
+    """Someone in ``target`` deletes our copy of ``name`` there (once the follow controller's
+    cache has it): its uid."""
+    copies = world.maps.copies[world.node(target)]
+    await until(lambda: copies.get(name, NS) is not None, what="the copy cached")
+    uid = world.copies(target)[name]["metadata"]["uid"]
+    await FakeClient(world.targets[target].server, name="admin").delete(CONFIGMAPS, name, NS)
+    await until(
+        lambda: (copies.get(name, NS) or {"metadata": {}})["metadata"].get("uid") != uid,
+        what="its deletion seen",
+    )
+    return uid
+
+
+async def made_again(world: World, target: str, uid: str, name: str = "settings") -> float:
+    """Seconds until a new copy of ``name`` (another uid) is in ``target``."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await until(
+        lambda: (
+            world.copies(target).get(name, {}).get("metadata", {}).get("uid") not in (None, uid)
+        ),
+        timeout=5,
+        what="the copy made again",
+    )
+    return loop.time() - started
+
+
+async def test_a_copy_deleted_in_its_target_is_made_again_at_once_then_later_and_later(
+    world: World,
+):
+    """From the deletion's event, not a resync: at once the first time, after 1 s the second
+    (a target deleting it again and again cannot keep us writing it)."""
+    await world.source(config_map())
+    await world.connect("c2")
+    proxy = await world.proxy(pod_using("d1", "settings"), "c2")
+    await world.delegate("c2", world.delegate_of(proxy))
+    world.run()
+    await until(lambda: "settings" in world.copies("c2"), what="the copy")
+    assert await made_again(world, "c2", await delete_by_hand(world, "c2")) < 0.5
+    again = await made_again(world, "c2", await delete_by_hand(world, "c2"))
+    assert 0.9 < again < 1.5
+    creates = [a for a in world.targets["c2"].server.writes if a.verb == "create"]
+    assert len(creates) == 3
+
+
+async def test_a_copy_deleted_by_the_controller_itself_is_not_held_back(
+    world: World, monkeypatch: pytest.MonkeyPatch
+):
+    """Unused, our copy is deleted; used again, it is made at once, however often that was."""
+    monkeypatch.setattr(follow_module, "GRACE", 0.0)
+    await world.source(config_map())
+    await world.connect("c2")
+    world.run()
+    for i in range(3):
+        proxy = await world.proxy(pod_using(f"d{i}", "settings"), "c2")
+        delegate = await world.delegate("c2", world.delegate_of(proxy))
+        await until(lambda: "settings" in world.copies("c2"), timeout=0.5, what="made at once")
+        await world.targets["c2"].client.delete(PODS, delegate["metadata"]["name"], NS)
+        await until(lambda: world.copies("c2") == {}, what="the unused copy deleted")
+
+
+async def test_a_copy_no_longer_used_or_whose_source_is_gone_is_not_made_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(follow_module, "GRACE", 0.0)
+    unused = await world.source(config_map(held=True))
+    gone = await world.source(config_map("gone", held=True))
+    await world.connect("c2")
+    await world.copy("c2", unused)
+    await world.copy("c2", gone)
+    await world.local.client.delete(CONFIGMAPS, "gone", NS)  # held by our finalizer
+    await delete_by_hand(world, "c2", "settings")
+    await delete_by_hand(world, "c2", "gone")
+    world.run()
+    await until(lambda: named(world.api, CONFIGMAPS, "gone", NS) is None, what="source let go")
+    await settle(0.2)
+    assert world.copies("c2") == {}
+    assert not [a for a in world.targets["c2"].server.writes if a.verb == "create"]
+
+
+async def test_a_target_deleting_a_copy_again_and_again_holds_up_no_other(world: World):
+    await world.source(config_map())
+    for target in ("hostile", "c3"):
+        await world.connect(target)
+        proxy = await world.proxy(pod_using("d-" + target, "settings"), target)
+        await world.delegate(target, world.delegate_of(proxy))
+    world.run()
+    await until(lambda: "settings" in world.copies("hostile"), what="the copy")
+    for _ in range(3):  # made again at once, then after 1 s
+        await made_again(world, "hostile", await delete_by_hand(world, "hostile"))
+    uid = await delete_by_hand(world, "hostile")  # the fourth: 4 s
+    assert await made_again(world, "c3", await delete_by_hand(world, "c3")) < 0.5
+    await settle(0.5)
+    assert world.copies("hostile").get("settings") is None, "still waiting"
+    assert (await made_again(world, "hostile", uid)) > 2
+
+
 # -- before a delegate is created -----------------------------------------------------------------
 
 
