@@ -6,7 +6,10 @@ between the two kinds is pure (:class:`CopyKind`: the copy to keep, whether a co
 date, how it is updated); how copies are kept is the same, and lives here once:
 
 - Copies are kept equal to their original and recreated if deleted; an object of the same name
-  that is not our copy is never overwritten (a Warning event on the original says so).
+  that is not our copy is never overwritten (a Warning event on the original says so). A copy
+  deleted in its target by someone else is made again at once, from the deletion's watch event;
+  deleted again and again, after 1, 2, 4... s, at most five minutes (``RepeatBackoff``), so
+  that a target cannot keep us writing it.
 - The original carries our finalizer while it is copied: when it is deleted, or is no longer
   to be copied, its copies are deleted from every target that can be reached, then the
   finalizer is removed.
@@ -52,6 +55,7 @@ from multicluster import (
 )
 from multicluster.events import EventRecorder
 from multicluster.informer import ADDED, DELETED, strip_managed_fields
+from multicluster.ratelimit import RepeatBackoff
 
 from ..api import keys
 from ..api.copies import finalizer_patch
@@ -67,6 +71,8 @@ RECHECK = 10.0  # a target that cannot be read now
 RETRY_CONFLICT = 60.0  # an object of the same name, not ours, may be deleted by its owner
 LOOK_AGAIN = 1.0
 RESYNC_PERIOD = 300.0  # every copy in a target is looked at again (from the caches)
+RECREATE_BACKOFF = 1.0  # a copy deleted there again: made again after 1, 2, 4... s
+RECREATE_MAX = 300.0  # ... at most; the count is forgotten after that long without a deletion
 
 
 class CopyRules(Protocol):
@@ -106,6 +112,7 @@ class Copy(enum.Enum):
     UNKNOWN = "unknown"  # the target cannot be read or reached now
     BUSY = "busy"  # requests of the target's owner hold their share of the workers: back off
     CONFLICT = "conflict"  # an object of that name there is not ours
+    DELAYED = "delayed"  # deleted there again and again: made again later
     FAILED = "failed"  # the target answered with an error
 
 
@@ -145,6 +152,12 @@ class TargetCopies:
         self._ready: dict[str, bool] = {}
         # Warnings said, until the situation changes: (ns, name) → node → reason.
         self._warned: dict[tuple[str, str], dict[str, str]] = {}
+        # Copies deleted by someone else, by (node, namespace, name): made again later and later
+        # if that keeps happening; and the uid of each copy this controller deleted itself.
+        self._recreations: RepeatBackoff[tuple[str, str, str]] = RepeatBackoff(
+            RECREATE_BACKOFF, RECREATE_MAX
+        )
+        self._deleting: dict[tuple[str, str, str], str] = {}
         registry.on_connected(self._connected)
         registry.on_disconnected(self._disconnected)
         registry.on_changed(self._changed)
@@ -187,16 +200,24 @@ class TargetCopies:
         )
         queue = self.queue
 
-        def on_copy(_event: str, copy: dict, _old: dict | None, initial: bool) -> None:
+        def on_copy(event: str, copy: dict, _old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
             # A namespaced Target's server may claim objects of any namespace: only those of
             # its own are looked at (others are no business of this target).
-            if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
-                request = self.request(meta["namespace"], meta["name"])
-                # One failing is retried with backoff already: a target that keeps changing
-                # it must not make it retry at the rate of its events.
-                if not queue.failures(request):
-                    queue.add(request, low_priority=initial)
+            if not is_ours(copy, self.cluster_name) or not connection.allows(
+                meta.get("namespace") or ""
+            ):
+                return
+            delay = self._deleted(node, copy) if event == DELETED else 0.0
+            request = self.request(meta["namespace"], meta["name"])
+            # One failing is retried with backoff already: a target that keeps changing
+            # it must not make it retry at the rate of its events.
+            if queue.failures(request):
+                return
+            if delay:
+                queue.add_after(request, delay)
+            else:
+                queue.add(request, low_priority=initial)
 
         self.informers[node] = copies
         # Every copy looked at again every RESYNC_PERIOD; every original that has, or should
@@ -209,6 +230,16 @@ class TargetCopies:
         ]
         if copies.healthy:  # cached already (another controller's informer): no transition
             self._resync(connection)
+
+    def _deleted(self, node: str, copy: dict) -> float:
+        """A copy of ours is gone from a target: the seconds to wait before making it again
+        (if it is still wanted: the reconcile decides)."""
+        meta = copy["metadata"]
+        key = (node, meta["namespace"], meta["name"])
+        if self._deleting.get(key) == meta.get("uid"):
+            del self._deleting[key]  # this controller deleted it
+            return 0.0
+        return self._recreations.happened(key)
 
     def _recovered(self, connection: TargetConnection) -> None:
         if self.informers.get(connection.node_name) is not None:
@@ -248,6 +279,8 @@ class TargetCopies:
             registration.remove()
         self.informers.pop(node, None)
         self._ready.pop(node, None)
+        self._deleting = {k: uid for k, uid in self._deleting.items() if k[0] != node}
+        self._recreations.discard_if(lambda key: key[0] == node)
         for key in list(self._warned):
             self._forget_warning(key[0], key[1], node)
 
@@ -294,8 +327,9 @@ class TargetCopies:
             original = await self.patch(obj, patch)
             if original is None:
                 return None  # deleted meanwhile: its event brings it back
+        targets = self._targets(namespace)
         outcomes = await asyncio.gather(
-            *(self._sync(c, namespace, name, original) for c in self._targets(namespace))
+            *(self._sync(c, namespace, name, original) for c in targets)
         )
         if Copy.FAILED in outcomes or Copy.BUSY in outcomes:
             return Result(requeue=True)  # backs off; each failure is logged already
@@ -306,6 +340,11 @@ class TargetCopies:
             delays.append(RECHECK)
         if Copy.CONFLICT in outcomes:
             delays.append(RETRY_CONFLICT)
+        delays.extend(
+            max(LOOK_AGAIN / 10, self._recreations.wait((c.node_name, namespace, name)))
+            for c, outcome in zip(targets, outcomes, strict=True)
+            if outcome is Copy.DELAYED
+        )
         if original is None:
             self._warned.pop((namespace, name), None)  # nothing to copy: nothing to warn about
         if original is None and obj is not None and Copy.PENDING not in outcomes:
@@ -346,6 +385,9 @@ class TargetCopies:
                 return self._conflict(original, connection)
             if self._current(original, copy):
                 return self._resolved(connection, namespace, name)
+        key = (connection.node_name, namespace, name)
+        if original is not None and copy is None and self._recreations.wait(key):
+            return Copy.DELAYED
         with self.slots.slot(connection.name, connection.namespace) as free:
             if not free:
                 return Copy.BUSY
@@ -414,6 +456,8 @@ class TargetCopies:
         namespace, name = meta["namespace"], meta["name"]
         desired = self.kind.rules.desired_copy(original, self.cluster_name)
         if copy is None:
+            # Not cached: a deletion of ours was seen already, or never made.
+            self._deleting.pop((connection.node_name, namespace, name), None)
             try:
                 await client.create(resource, desired, namespace)
             except AlreadyExists:
@@ -454,6 +498,9 @@ class TargetCopies:
         meta = copy["metadata"]
         if is_deleting(copy):
             return Copy.ABSENT
+        key = (connection.node_name, meta["namespace"], meta["name"])
+        if meta.get("uid"):
+            self._deleting[key] = meta["uid"]  # its deletion event is ours, not someone else's
         try:
             await connection.client.delete(
                 self.kind.resource,
@@ -465,7 +512,11 @@ class TargetCopies:
         except Conflict:
             # Its uid is not that copy's any more: the copy is gone (what has the name now is
             # not ours). Waiting for it would let a target keep the original Terminating.
+            self._deleting.pop(key, None)
             return Copy.ABSENT
+        except BaseException:
+            self._deleting.pop(key, None)
+            raise
         self._log_copy("deleted", connection, meta["namespace"], meta["name"])
         self._forget_warning(meta["namespace"], meta["name"], connection.node_name)
         return Copy.ABSENT

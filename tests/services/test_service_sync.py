@@ -19,7 +19,7 @@ import pytest
 from multicluster import Informer, Request, Result
 from multicluster.errors import ServerError
 from multicluster.resources import EVENTS, NAMESPACES, PODS, SERVICES
-from multicluster.testing import Action, FakeCluster, FakeServer
+from multicluster.testing import Action, FakeClient, FakeCluster, FakeServer
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.proxy import PROXY_FIELD_SELECTOR
 from multicluster_scheduler.scheduler.controller import proxy_informer
@@ -631,6 +631,94 @@ async def test_unknown_targets_are_retried_but_never_hold_a_finalizer(world: Wor
     await world.local.client.delete(SERVICES, "db", NS)
     assert await world.reconcile("db") is None
     assert world.original("db") is None
+
+
+# -- copies deleted in a target by someone else ------------------------------------------------
+
+
+async def delete_by_hand(world: World, target: str, name: str = "db") -> None:
+    """Someone in ``target`` deletes our copy of ``name`` there; its cache sees it."""
+    await FakeClient(world.targets[target].server, name="admin").delete(SERVICES, name, NS)
+    await until(lambda: world.copies_cache(target).get(name, NS) is None, what="deletion seen")
+
+
+async def test_a_copy_deleted_in_a_target_is_made_again_at_once_then_later_and_later(
+    world: World,
+):
+    """The deletion's event queues its original at once the first time; the second time
+    within five minutes, after a second, and a reconcile before then waits too."""
+    await world.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
+    await world.reconcile("db")
+    await world.drain()
+    await delete_by_hand(world, "c2")
+    assert await world.drain() == {"db"}, "at once"
+    assert await world.reconcile("db") is None
+    assert world.writes("c2")[-1] == ("create", "db")
+    await world.settled("db")
+    await world.drain()  # its creation's event
+
+    await delete_by_hand(world, "c2")
+    assert await world.drain() == set(), "not yet"
+    result = await world.reconcile("db")
+    assert result is not None
+    assert 0.5 < result.requeue_after <= 1.0
+    assert world.copy_in("c2", "db") is None
+    assert keys.FINALIZER in world.original("db")["metadata"]["finalizers"], "still copied"
+    await until(lambda: len(world.queue), timeout=1.5, what="queued after a second")
+    assert await world.drain() == {"db"}
+    assert await world.reconcile("db") is None
+    assert world.writes("c2")[-1] == ("create", "db")
+
+
+async def test_a_copy_deleted_by_the_controller_itself_is_not_held_back(world: World):
+    """Our own deletions count for nothing: a copy no longer global, then global again, is
+    made at once, however often that happens."""
+    await world.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
+    for _ in range(3):
+        await world.reconcile("db")
+        assert world.writes("c2")[-1] == ("create", "db")
+        await world.local.client.patch(
+            SERVICES, "db", {"metadata": {"annotations": {keys.GLOBAL: None}}}, NS
+        )
+        await world.reconcile("db")
+        assert world.copy_in("c2", "db") is None
+        await until(lambda: world.copies_cache("c2").get("db", NS) is None, what="deletion seen")
+        assert await world.drain() == {"db"}, "its deletion's event, at once"
+        await world.local.client.patch(
+            SERVICES, "db", {"metadata": {"annotations": {keys.GLOBAL: "true"}}}, NS
+        )
+    await world.reconcile("db")
+    await delete_by_hand(world, "c2")
+    assert await world.drain() == {"db"}, "someone else's first deletion: at once"
+
+
+async def test_a_copy_whose_original_is_gone_or_not_global_is_not_made_again(world: World):
+    await world.add_to("c2", orphan("old"))
+    await world.add(service("db", {"role": "db"}))
+    await world.add_to("c2", orphan("db"))  # a copy of a Service that is not global
+    await delete_by_hand(world, "c2", "old")
+    await delete_by_hand(world, "c2", "db")
+    assert await world.drain() == {"old", "db"}
+    assert await world.reconcile("old") is None
+    assert await world.reconcile("db") is None
+    assert world.writes("c2") == [("delete", "old"), ("delete", "db")], "by hand only"
+
+
+async def test_a_target_deleting_a_copy_again_and_again_holds_up_no_other(world: World):
+    await world.connect("c3")
+    await world.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
+    await world.reconcile("db")
+    await delete_by_hand(world, "c2")
+    await world.reconcile("db")
+    assert world.copy_in("c2", "db") is not None, "made again at once"
+    await world.settled("db")
+    await delete_by_hand(world, "c2")  # the second time: made again after a second
+    await delete_by_hand(world, "c3")
+    result = await world.reconcile("db")
+    assert world.copy_in("c3", "db") is not None, "at once"
+    assert world.copy_in("c2", "db") is None
+    assert result is not None
+    assert 0.5 < result.requeue_after <= 1
 
 
 # -- copies looked at again -----------------------------------------------------------------------
