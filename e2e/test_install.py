@@ -77,6 +77,9 @@ def test_notes_say_what_to_do_next(installation: Installation):
     assert "multicluster-scheduler join --source-context" in notes
     assert "multicluster-scheduler export" in notes
     assert "kubectl label namespace default multicluster-scheduler=enabled" in notes
+    assert "multicluster-scheduler status --context SOURCE -A" in notes
+    assert "kubectl multicluster status -A" in notes
+    assert "multicluster-scheduler unjoin --source-context" in notes
 
 
 @pytest.mark.parametrize(
