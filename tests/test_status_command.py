@@ -123,7 +123,7 @@ def test_targets_their_readiness_virtual_nodes_and_use():
     report = build_report(observed())
     c1, c2, gpu = report["targets"]
     assert (c1["kind"], c1["namespace"], c1["name"], c1["self"]) == ("Target", NS, "c1", True)
-    assert (c1["ready"], c1["reason"]) == (True, "Ready")
+    assert (c1["ready"], c1["status"], c1["reason"]) == (True, "True", "Ready")
     assert c1["virtualNode"] == {
         "name": C1,
         "status": "Ready",
@@ -212,8 +212,24 @@ def test_a_target_without_status_or_with_a_stale_one_is_not_ready_and_says_why()
     stale = target("c3", generation=2)  # Ready for generation 1, since changed
     report = build_report(observed(targets=[fresh, stale], cluster_targets=[], proxies=[]))
     for entry in report["targets"]:
-        assert (entry["ready"], entry["reason"], entry["message"]) == (False, None, NO_STATUS_HINT)
+        assert (entry["ready"], entry["status"], entry["reason"], entry["message"]) == (
+            False,
+            "Unknown",
+            None,
+            NO_STATUS_HINT,
+        )
     assert exit_code(report) == EXIT_NOT_READY
+    assert render_table(report).splitlines()[1].split()[:3] == ["c1", "Unknown", "<none>"]
+
+
+def test_a_connecting_target_is_unknown_and_not_ready():
+    connecting = target("c1", "Unknown", "Connecting", "connecting to https://c1:6443")
+    report = build_report(observed(targets=[connecting], cluster_targets=[]))
+    (entry,) = report["targets"]
+    assert (entry["ready"], entry["status"], entry["reason"]) == (False, "Unknown", "Connecting")
+    assert exit_code(report) == EXIT_NOT_READY
+    coloured = render_table(report, colour=True)
+    assert "\033[33mUnknown\033[0m" in coloured
 
 
 def test_the_hint_for_a_known_reason_follows_the_message():

@@ -52,6 +52,7 @@ def _used(node: dict, resource: str) -> str:
     return f"{requested}/{allocatable if allocatable is not None else '?'}"
 
 
+STATUS_COLOURS = {"True": GREEN, "False": RED}
 NODE_COLOURS = {"Ready": GREEN, "NotReady": RED, "Unknown": YELLOW, "NotFound": YELLOW}
 NODE_WORDS = {"NotFound": NONE, "NotReadable": "?"}
 
@@ -67,10 +68,9 @@ def target_lines(report: dict, colour: bool) -> list[str]:
     rows = []
     for target in targets:
         node = target["virtualNode"]
-        ready = "True" if target["ready"] else ("False" if target["reason"] else "Unknown")
         row: list[Cell] = [
             (target_label(target, node["name"]), None),
-            (ready, GREEN if target["ready"] else RED),
+            (target["status"], STATUS_COLOURS.get(target["status"], YELLOW)),
             (target["reason"] or NONE, None),
             (node["name"], None),
             (NODE_WORDS.get(node["status"], node["status"]), NODE_COLOURS.get(node["status"])),

@@ -147,6 +147,7 @@ def _target_entry(obj: dict, kind: str, node: dict | None, nodes_readable: bool)
         **target_ref(kind, meta["name"], namespace),
         "self": bool((obj.get("spec") or {}).get("self")),
         "ready": ready,
+        "status": "Unknown" if condition is None else condition.get("status") or "Unknown",
         "reason": reason,
         "message": message,
         "lastTransitionTime": since,
