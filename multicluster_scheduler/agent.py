@@ -67,6 +67,7 @@ from .targets.limits import (
     TargetLimits,
 )
 from .targets.registry import TargetRegistry
+from .virtual_kubelet.event_reflector import EventReflector
 from .virtual_kubelet.kubelet import KubeletApi
 from .virtual_kubelet.loop import NodeSettings, VirtualKubelet, release_owner
 from .virtual_kubelet.pods import PodSync
@@ -440,6 +441,7 @@ async def add_controllers(
         prepare=follow.prepare,
     )
     pods = PodSync(cluster, lookup)
+    manager.add_runnable(EventReflector(cluster, lookup).run, needs_leader=True)
     excluded = (settings.namespace,)
     refused = settings.ingress_refused_annotations
     services = ServiceSync(

@@ -1,0 +1,169 @@
+"""Delegates' Events reflected onto their proxy pods
+(:mod:`multicluster_scheduler.virtual_kubelet.event_reflector`), over in-memory API servers: a
+source cluster and a target, delegates placed as the scheduler places them, Events written in the
+target as its kubelet (or anyone who may write Events there) writes them."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncGenerator
+
+import pytest
+
+from multicluster.kubetime import format_time
+from multicluster.resources import EVENTS
+from multicluster_scheduler.targets.registry import TargetConnection
+from multicluster_scheduler.virtual_kubelet.event_reflector import DROPPED, EventReflector
+from tests.virtual_kubelet.test_pods import NS, World, settle, there, until
+
+
+class Reflecting(World):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reflector = EventReflector(self.local, self.lookup)
+        self.running: asyncio.Task | None = None
+
+    async def start(self, *, run: bool = True) -> None:
+        await super().start(run=run)
+        self.running = asyncio.create_task(self.reflector.run())
+
+    async def stop(self) -> None:
+        if self.running is not None:
+            self.running.cancel()
+            await asyncio.gather(self.running, return_exceptions=True)
+        await super().stop()
+
+    def reflected(self, proxy: str = "web-1") -> list[dict]:
+        return [
+            e
+            for e in self.api.objects(EVENTS)
+            if e["involvedObject"].get("name") == proxy
+            and e.get("source", {}).get("component") == "admiralty-virtual-kubelet"
+            and e["message"].startswith("[target ")
+        ]
+
+
+@pytest.fixture
+async def world() -> AsyncGenerator[Reflecting, None]:
+    made = Reflecting()
+    try:
+        yield made
+    finally:
+        await made.stop()
+
+
+def kubelet_event(delegate: dict, name: str = "ev-1", **fields) -> dict:
+    now = format_time()
+    meta = delegate["metadata"]
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": NS},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": meta["name"],
+            "namespace": NS,
+            "uid": meta["uid"],
+        },
+        "type": "Warning",
+        "reason": "BackOff",
+        "message": "Back-off restarting failed container web",
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": "kubelet", "host": "node-1"},
+    }
+    event.update(fields)
+    return event
+
+
+async def placed(world: Reflecting) -> tuple[TargetConnection, dict]:
+    await world.start()
+    c2 = await world.connect("c2")
+    proxy = await world.proxy("web-1")
+    delegate = await world.place(proxy, c2)
+    await until(lambda: world.lookup.proxy_of(delegate, c2) is not None, what="bound")
+    return c2, delegate
+
+
+def dropped(node: str, reason: str) -> float:
+    return DROPPED.labels(node, reason)._value.get()
+
+
+async def test_a_delegates_event_appears_on_its_proxy_pod_naming_its_target(world: Reflecting):
+    c2, delegate = await placed(world)
+    target = there(c2).client
+    await target.create(EVENTS, kubelet_event(delegate), NS)
+    await until(lambda: world.reflected(), what="the event reflected")
+    [event] = world.reflected()
+    assert event["message"] == "[target c2] Back-off restarting failed container web"
+    assert event["type"] == "Warning"
+    assert event["reason"] == "BackOff"
+    assert event["involvedObject"]["uid"] == world.lookup.proxy_of(delegate, c2)["metadata"]["uid"]
+    assert event["source"]["host"] == c2.node_name
+    assert event["count"] == 1
+    # Said again in the target: the count is raised, no second Event.
+    await target.patch(EVENTS, "ev-1", {"count": 7, "lastTimestamp": format_time()}, NS)
+    await until(lambda: world.reflected()[0]["count"] == 7, what="count 7")
+    assert len(world.reflected()) == 1
+
+
+async def test_an_event_about_a_pod_that_is_not_our_delegate_is_not_reflected(world: Reflecting):
+    c2, delegate = await placed(world)
+    target = there(c2).client
+    before = dropped(c2.node_name, "invalid")
+    forged = kubelet_event(delegate, "forged", message="forged")
+    forged["involvedObject"]["uid"] = "not-a-delegate"  # the delegate's name, another uid
+    await target.create(EVENTS, forged, NS)
+    elsewhere = kubelet_event(delegate, "elsewhere", message="elsewhere")
+    await target.create(EVENTS, {**elsewhere, "metadata": {"name": "x", "namespace": "other"}})
+    unknown_type = kubelet_event(delegate, "odd", type="Critical", message="odd")
+    await target.create(EVENTS, unknown_type, NS)
+    await target.create(EVENTS, kubelet_event(delegate, "real", message="real"), NS)
+    await until(lambda: world.reflected(), what="the real one reflected")
+    await settle()
+    assert [e["message"] for e in world.reflected()] == ["[target c2] real"]
+    assert dropped(c2.node_name, "invalid") == before + 1  # "odd", about our delegate
+
+
+async def test_a_burst_of_events_yields_a_bounded_number_of_writes(world: Reflecting):
+    c2, delegate = await placed(world)
+    target = there(c2).client
+    before = dropped(c2.node_name, "proxy_rate_limit")
+    for i in range(500):
+        await target.create(EVENTS, kubelet_event(delegate, f"flood-{i}", message=f"m{i}"), NS)
+    await until(
+        lambda: dropped(c2.node_name, "proxy_rate_limit") - before >= 475, what="drops counted"
+    )
+    await settle()
+    assert len(world.reflected()) == 25
+    writes = [a for a in world.api.writes if a.resource == EVENTS]
+    assert len(writes) <= 25
+
+
+async def test_old_events_are_not_replayed_and_a_restart_writes_no_duplicate(world: Reflecting):
+    """The watch stops (the agent stops leading, or the target reconnects), Events are written
+    meanwhile, and a successor that remembers nothing watches again, beside the first: listed
+    Events an hour old are history; a recent one reflected before is written again under its
+    name (its count brought up to date), not a second time."""
+    c2, delegate = await placed(world)
+    target = there(c2).client
+    await target.create(EVENTS, kubelet_event(delegate, "recent", message="recent"), NS)
+    await until(lambda: world.reflected(), what="reflected")
+    world.registry.disconnected(c2)
+    old = format_time(dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
+    await target.create(
+        EVENTS, kubelet_event(delegate, "old", message="old", lastTimestamp=old), NS
+    )
+    await target.patch(EVENTS, "recent", {"count": 4, "lastTimestamp": format_time()}, NS)
+    successor = EventReflector(world.local, world.lookup)
+    world.registry.connected(c2)
+    assert c2.node_name in successor.targets
+    await until(lambda: world.reflected()[0]["count"] == 4, what="count 4")
+    await settle()
+    assert [e["message"] for e in world.reflected()] == ["[target c2] recent"]
+    world.registry.disconnected(c2)
+    assert not successor.targets
+    await settle()  # its watch stopped
