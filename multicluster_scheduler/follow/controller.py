@@ -218,22 +218,20 @@ class Follower:
 
         def on_copy(event: str, copy: dict, _old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
-            key = (node, meta["namespace"], meta["name"])
-            delay = 0.0
             if event == DELETED:
-                self._written.pop(key, None)
-                if self._deleting.get(key) == meta.get("uid"):
-                    del self._deleting[key]  # deleted by this controller: nothing to make again
-                elif is_ours(copy, self.cluster_name):
-                    delay = self._recreations.happened(key)
-            if is_ours(copy, self.cluster_name) and connection.allows(meta.get("namespace") or ""):
-                request = self._request(meta["namespace"], meta["name"])
-                if queue.failures(request):
-                    return  # retried with backoff already
-                if delay:
-                    queue.add_after(request, delay)
-                else:
-                    queue.add(request, low_priority=initial)
+                self._written.pop((node, meta["namespace"], meta["name"]), None)
+            if not is_ours(copy, self.cluster_name) or not connection.allows(
+                meta.get("namespace") or ""
+            ):
+                return
+            delay = self._deleted(node, copy) if event == DELETED else 0.0
+            request = self._request(meta["namespace"], meta["name"])
+            if queue.failures(request):
+                return  # retried with backoff already
+            if delay:
+                queue.add_after(request, delay)
+            else:
+                queue.add(request, low_priority=initial)
 
         def recovered() -> None:
             # What changed while its caches could not tell (delegates gone, say) was skipped.
@@ -255,6 +253,20 @@ class Follower:
             copies.add_healthy_handler(recovered),
             connection.delegates.add_healthy_handler(recovered),
         ]
+
+    def _deleted(self, node: str, copy: dict) -> float:
+        """A copy of ours is gone from a target: the seconds to wait before making it again (if
+        it is still used: the reconcile decides). Only copies of objects this cluster holds are
+        counted: deletions a target makes up cost no memory."""
+        meta = copy["metadata"]
+        key = (node, meta["namespace"], meta["name"])
+        uid = meta.get("uid")
+        if uid is not None and self._deleting.get(key) == uid:
+            del self._deleting[key]  # deleted by this controller
+            return 0.0
+        if self.sources.get(meta["name"], meta["namespace"]) is None:
+            return 0.0
+        return self._recreations.happened(key)
 
     def disconnected(self, connection: TargetConnection) -> None:
         node = connection.node_name

@@ -233,11 +233,15 @@ class TargetCopies:
 
     def _deleted(self, node: str, copy: dict) -> float:
         """A copy of ours is gone from a target: the seconds to wait before making it again
-        (if it is still wanted: the reconcile decides)."""
+        (if it is still wanted: the reconcile decides). Only copies of objects this cluster
+        holds are counted: deletions a target makes up cost no memory."""
         meta = copy["metadata"]
         key = (node, meta["namespace"], meta["name"])
-        if self._deleting.get(key) == meta.get("uid"):
+        uid = meta.get("uid")
+        if uid is not None and self._deleting.get(key) == uid:
             del self._deleting[key]  # this controller deleted it
+            return 0.0
+        if self.originals.get(meta["name"], meta["namespace"]) is None:
             return 0.0
         return self._recreations.happened(key)
 
