@@ -202,6 +202,8 @@ class EventReflector:
         proxy = self.lookup.proxy_of(found[0], connection) if len(found) == 1 else None
         if proxy is None:
             return  # not one of our delegates, whatever the event says
+        if self.lookup.home(proxy) is not connection:
+            return  # seen through another Target of the same cluster: that one says it
         node = connection.node_name
         event = delegate_event(slim)
         if event is None:

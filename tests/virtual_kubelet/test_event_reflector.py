@@ -15,7 +15,7 @@ from multicluster.kubetime import format_time
 from multicluster.resources import EVENTS
 from multicluster_scheduler.targets.registry import TargetConnection
 from multicluster_scheduler.virtual_kubelet.event_reflector import DROPPED, EventReflector
-from tests.virtual_kubelet.test_pods import NS, World, settle, there, until
+from tests.virtual_kubelet.test_pods import NS, Place, World, settle, there, until
 
 
 class Reflecting(World):
@@ -167,3 +167,16 @@ async def test_old_events_are_not_replayed_and_a_restart_writes_no_duplicate(wor
     world.registry.disconnected(c2)
     assert not successor.targets
     await settle()  # its watch stopped
+
+
+async def test_two_targets_of_one_cluster_reflect_an_event_once(world: Reflecting):
+    """Both see the delegate and its events; the proxy pod's own target says it."""
+    c2, delegate = await placed(world)
+    await world.connect("c2-bis", Place("c2-bis", there(c2).server))
+    await settle()
+    await there(c2).client.create(EVENTS, kubelet_event(delegate), NS)
+    await until(lambda: world.reflected(), what="reflected")
+    await settle()
+    assert [e["message"] for e in world.reflected()] == [
+        "[target c2] Back-off restarting failed container web"
+    ]
