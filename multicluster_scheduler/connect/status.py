@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, cast
 
 from multicluster.errors import Forbidden
@@ -69,17 +69,16 @@ async def _list(
 
 
 async def _optional(
-    read: Awaitable[list[dict]], warnings: list[str], what: str, left_out: str
-) -> list[dict] | None:
-    """What ``read`` lists, or None (and a warning) when it is forbidden."""
+    read: Awaitable[list[dict]], what: str, left_out: str
+) -> tuple[list[dict] | None, str | None]:
+    """What ``read`` lists; when that is forbidden, None and a warning."""
     try:
-        return await read
+        return await read, None
     except ConnectError as e:
         refused = _forbidden(e)
         if refused is None:
             raise
-        warnings.append(f"cannot {what} (403 Forbidden: {refused.message}): {left_out}")
-        return None
+        return None, f"cannot {what} (403 Forbidden: {refused.message}): {left_out}"
 
 
 async def _check_namespace(ctx: Context, namespace: str) -> None:
@@ -111,7 +110,9 @@ async def controllers_of(ctx: Context, proxies: list[dict], warnings: list[str])
             try:
                 owner = await ctx.get(OWNER_RESOURCES[kind], name, namespace)
             except ConnectError as e:
-                failed.setdefault(kind, str(e))
+                refused = _forbidden(e)
+                why = f"403 Forbidden: {refused.message}" if refused else str(e)
+                failed.setdefault(kind, f"cannot read {kind} {namespace}/{name} ({why})")
                 return
         if owner is None or owner["metadata"].get("uid") != uid:
             return
@@ -121,40 +122,38 @@ async def controllers_of(ctx: Context, proxies: list[dict], warnings: list[str])
 
     await asyncio.gather(*(look_up(*key) for key in sorted(wanted)))
     for kind, why in sorted(failed.items()):
-        warnings.append(f"{why}; pods of such {kind}s are counted by {kind}")
+        warnings.append(f"{why}: pods of such {kind}s are counted by {kind}")
     return found
 
 
 async def observe(ctx: Context, namespace: str | None) -> Observed:
     """Read what the report needs from the source cluster (``namespace`` None: all of them)."""
     where = f"namespace {namespace}" if namespace else "all namespaces"
-    warnings: list[str] = []
-    reads: list[Callable[[], Awaitable[Any]]] = [
-        lambda: _check_namespace(ctx, namespace) if namespace else asyncio.sleep(0),
-        lambda: _list(ctx, TARGETS, f"list Targets in {where}", namespace),
-        lambda: _optional(
+    results = await asyncio.gather(
+        _check_namespace(ctx, namespace) if namespace else asyncio.sleep(0),
+        _list(ctx, TARGETS, f"list Targets in {where}", namespace),
+        _optional(
             _list(ctx, CLUSTER_TARGETS, "list ClusterTargets", None),
-            warnings,
             f"list ClusterTargets in context {ctx.name}",
             "they are left out",
         ),
-        lambda: _optional(
+        _optional(
             _list(ctx, NODES, "list virtual nodes", None, label_selector=VIRTUAL_NODES),
-            warnings,
             f"list nodes in context {ctx.name}",
             "the virtual nodes' readiness and allocatable are not shown",
         ),
-        lambda: _list(
+        _list(
             ctx, PODS, f"list proxy pods in {where}", namespace, field_selector=PROXY_FIELD_SELECTOR
         ),
-    ]
-    results = await asyncio.gather(*(read() for read in reads), return_exceptions=True)
+        return_exceptions=True,
+    )
     for result in results:  # the first failure in the order above says the most
         if isinstance(result, BaseException):
             raise result
-    _, targets, cluster_targets, nodes, proxies = cast(
-        tuple[None, list[dict], list[dict] | None, list[dict] | None, list[dict]], results
+    _, targets, (cluster_targets, no_cluster_targets), (nodes, no_nodes), proxies = cast(
+        tuple[None, list[dict], tuple, tuple, list[dict]], results
     )
+    warnings = [w for w in (no_cluster_targets, no_nodes) if w]
     controllers = await controllers_of(ctx, proxies, warnings)
     return Observed(
         context=ctx.name,
