@@ -556,13 +556,16 @@ def test_join_to_an_address_nobody_answers_fails_early_and_leaves_nothing(
 def test_join_in_a_namespace_the_source_lacks_writes_nothing(
     installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str
 ):
-    kubectl(SOURCE, "delete", "namespace", namespace, "--wait=true")
-    proc = join(testbed, "-n", namespace)
+    missing = f"{namespace}x"  # in neither cluster
+    proc = join(testbed, "-n", missing)
     assert proc.returncode == 1
     assert proc.stdout == ""
-    assert proc.stderr.startswith(f"error: namespace {namespace} not found in context {SOURCE}")
-    assert proc.stderr.rstrip().endswith("nothing was written")
-    assert kubectl.json(TARGET, "get", "sources", "-n", namespace)["items"] == []
+    assert proc.stderr == (
+        f"error: namespace {missing} not found in context {SOURCE}: create it first (kubectl "
+        f"--context {SOURCE} create namespace {missing}) or name another one; nothing was "
+        f"written\n"
+    )
+    assert kubectl.json(TARGET, "get", "sources", "-n", missing)["items"] == []
 
 
 def unjoin(testbed: TestBed, *args: str):

@@ -1110,9 +1110,8 @@ async def test_a_namespace_missing_in_the_source_is_said_before_anything_is_writ
     with pytest.raises(ConnectError) as error:
         await join(rejoin_plan(), source, target, report=lambda _: None)
     assert str(error.value) == (
-        "namespace t not found in context cluster1: give the namespace of the service account "
-        "with -n (kubectl --context cluster1 get namespaces lists them), or create it first "
-        "(kubectl --context cluster1 create namespace t); nothing was written"
+        "namespace t not found in context cluster1: create it first (kubectl --context "
+        "cluster1 create namespace t) or name another one; nothing was written"
     )
     assert target.client.objects == stored
 

@@ -38,7 +38,6 @@ from .export import (
     DEFAULT_TOKEN_TIMEOUT,
     add_connection_arguments,
     export,
-    missing_namespace,
     namespace_exists,
 )
 from .kubeconfig import read_ca_file
@@ -349,8 +348,9 @@ async def check_namespaces(plan: JoinPlan, source: Context, target: Context) -> 
     for ctx, namespace in needed:
         if namespace and await namespace_exists(ctx, namespace) is False:
             raise ConnectError(
-                f"{missing_namespace(namespace, ctx.name)}, or create it first (kubectl "
-                f"--context {ctx.name} create namespace {namespace}); nothing was written"
+                f"namespace {namespace} not found in context {ctx.name}: create it first "
+                f"(kubectl --context {ctx.name} create namespace {namespace}) or name another "
+                f"one; nothing was written"
             )
 
 
