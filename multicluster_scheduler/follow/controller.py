@@ -4,7 +4,9 @@ use them.
 For each config map and secret of this cluster, one reconcile decides, target by target, whether
 a copy must exist there: yes while a delegate of this cluster in that target uses it (its
 volumes, ``env``, ``envFrom`` or image pull secrets), no otherwise. Copies are created, kept
-equal to their source and deleted when no longer used; the source object carries our finalizer
+equal to their source and deleted when no longer used; a copy someone deletes in a target is
+made again from the deletion's watch event, at once the first time and later and later if that
+keeps happening (a target cannot keep us writing it); the source object carries our finalizer
 while it has copies, so that deleting it deletes them first. Nothing is copied to self targets
 (the object is there already). An object of the same name in a target that is not our copy is
 never overwritten: a Warning event on the source says so.
@@ -76,7 +78,7 @@ FOREIGN_RETRY = 60.0  # someone else's object of the same name: looked at again 
 RESYNC_EVERY = 300.0
 # A copy deleted in its target by someone else is made again at once, from the deletion's watch
 # event; deleted again and again, it is made again after 1, 2, 4... s, at most RESYNC_EVERY
-# (the count is forgotten after that long without a deletion: RepeatBackoff).
+# (each RESYNC_EVERY without a deletion takes one off the count: RepeatBackoff).
 RECREATE_BACKOFF = 1.0
 RESOURCES: dict[str, Resource] = {CONFIG_MAP: CONFIGMAPS, SECRET: SECRETS}
 

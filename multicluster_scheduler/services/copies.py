@@ -72,7 +72,7 @@ RETRY_CONFLICT = 60.0  # an object of the same name, not ours, may be deleted by
 LOOK_AGAIN = 1.0
 RESYNC_PERIOD = 300.0  # every copy in a target is looked at again (from the caches)
 RECREATE_BACKOFF = 1.0  # a copy deleted there again: made again after 1, 2, 4... s
-RECREATE_MAX = 300.0  # ... at most; the count is forgotten after that long without a deletion
+RECREATE_MAX = 300.0  # ... at most; each that long without a deletion takes one off the count
 
 
 class CopyRules(Protocol):
