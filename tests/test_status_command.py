@@ -216,8 +216,9 @@ def test_a_target_without_status_or_with_a_stale_one_is_not_ready_and_says_why()
             False,
             "Unknown",
             None,
-            NO_STATUS_HINT,
+            None,
         )
+        assert entry["hint"] == NO_STATUS_HINT
     assert exit_code(report) == EXIT_NOT_READY
     assert render_table(report).splitlines()[1].split()[:3] == ["c1", "Unknown", "<none>"]
 
@@ -234,8 +235,13 @@ def test_a_connecting_target_is_unknown_and_not_ready():
 
 def test_the_hint_for_a_known_reason_follows_the_message():
     unreachable = target("c2", "False", "Unreachable", "dial tcp: connection refused")
-    (entry,) = build_report(observed(targets=[unreachable], cluster_targets=[]))["targets"]
-    assert entry["message"].startswith("dial tcp: connection refused; the address in the Secret")
+    report = build_report(observed(targets=[unreachable], cluster_targets=[]))
+    (entry,) = report["targets"]
+    assert entry["message"] == "dial tcp: connection refused"
+    assert entry["hint"].startswith("the address in the Secret must be reachable")
+    assert render_table(report).splitlines()[2] == (
+        f"Target prod/c2 is not Ready (Unreachable): dial tcp: connection refused; {entry['hint']}"
+    )
 
 
 def test_all_ready_or_no_target_at_all_is_exit_code_0():

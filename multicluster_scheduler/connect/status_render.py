@@ -86,7 +86,7 @@ def target_lines(report: dict, colour: bool) -> list[str]:
         if not target["ready"]:
             where = f"{target['namespace']}/" if target["namespace"] else ""
             why = f" ({target['reason']})" if target["reason"] else ""
-            message = target["message"] or "no message"
+            message = "; ".join(p for p in (target["message"], target["hint"]) if p)
             lines.append(f"{target['kind']} {where}{target['name']} is not Ready{why}: {message}")
     return lines
 

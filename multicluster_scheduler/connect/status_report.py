@@ -134,14 +134,13 @@ def _target_entry(obj: dict, kind: str, node: dict | None, nodes_readable: bool)
     condition = ready_condition(obj)
     ready = condition is not None and condition.get("status") == "True"
     if condition is None:
-        reason, message, since = None, NO_STATUS_HINT, None
+        reason = message = since = None
+        hint: str | None = NO_STATUS_HINT
     else:
         reason = condition.get("reason") or None
-        message = condition.get("message") or ""
+        message = condition.get("message") or None
         since = condition.get("lastTransitionTime")
         hint = None if ready else READY_HINTS.get(reason or "")
-        if hint:
-            message = f"{message}; {hint}" if message else hint
     status = (node or {}).get("status") or {}
     return {
         **target_ref(kind, meta["name"], namespace),
@@ -150,6 +149,7 @@ def _target_entry(obj: dict, kind: str, node: dict | None, nodes_readable: bool)
         "status": "Unknown" if condition is None else condition.get("status") or "Unknown",
         "reason": reason,
         "message": message,
+        "hint": hint,
         "lastTransitionTime": since,
         "virtualNode": {
             "name": virtual_node_name(meta["name"], namespace),
