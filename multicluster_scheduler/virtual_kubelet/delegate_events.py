@@ -9,8 +9,9 @@ what is read: every field is taken as hostile. An event counts only when the pod
 by uid, a delegate this agent made (:class:`..targets.delegates.DelegateLookup`) and it was
 written in that pod's namespace; its type is Normal or Warning, its reason a short CamelCase
 word, its message printable text of bounded length (control characters, which a terminal would
-obey, become spaces). Each reflected Event names its target (``[target c2] …``, and the virtual
-node as the source's host, which ``kubectl describe`` shows under From).
+obey, become spaces). Each reflected Event names its target at the start of its message, where
+``kubectl describe`` shows it (``[target c2] …``; From shows only the source's component), and
+its virtual node as the source's host and reporting instance.
 
 Repeats are aggregated as the event recorder's correlator does: the same type, reason and
 message about one proxy pod from one target is one Event whose ``count`` is the sum of the
