@@ -11,10 +11,11 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
+from multicluster import metrics
 from multicluster.kubetime import format_time
 from multicluster.resources import EVENTS
 from multicluster_scheduler.targets.registry import TargetConnection
-from multicluster_scheduler.virtual_kubelet.event_reflector import DROPPED, EventReflector
+from multicluster_scheduler.virtual_kubelet.event_reflector import EventReflector
 from tests.virtual_kubelet.test_pods import NS, Place, World, settle, there, until
 
 
@@ -89,7 +90,11 @@ async def placed(world: Reflecting) -> tuple[TargetConnection, dict]:
 
 
 def dropped(node: str, reason: str) -> float:
-    return DROPPED.labels(node, reason)._value.get()
+    labels = {"target": node, "reason": reason}
+    found = metrics.REGISTRY.get_sample_value(
+        "multicluster_scheduler_delegate_events_dropped_total", labels
+    )
+    return found or 0.0
 
 
 async def test_a_delegates_event_appears_on_its_proxy_pod_naming_its_target(world: Reflecting):
