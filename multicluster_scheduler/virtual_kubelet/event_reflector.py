@@ -11,8 +11,10 @@ more makes its events stop being reflected, never its delegates stop being seen.
 when a watch starts are reflected only if recent (:data:`.delegate_events.REPLAY_WINDOW`), and
 those already reflected before an agent restart are written again under the same name (their
 count brought up to date), not twice. An Event that arrives before its delegate is cached is
-reflected when the delegate is. Self targets are left out: their delegates' Events are in this
-cluster already (``kubectl describe`` the delegate).
+reflected when the delegate is (looked at once per delegate: a target that says a pod is added
+again and again would otherwise have every Event cached about it looked at each time). Self
+targets are left out: their delegates' Events are in this cluster already (``kubectl describe``
+the delegate).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +68,7 @@ INVOLVED_INDEX = "involved-uid"
 UID_INDEX = "uid"
 EVENT_CACHE = 16 << 20
 MAX_PENDING = 256  # writes in flight, all targets together
+MAX_REPLAYED = 4096  # delegates of one target whose earlier Events were looked at, remembered
 
 REFLECTED = Counter(
     "multicluster_scheduler_delegate_events_reflected_total",
@@ -95,6 +99,20 @@ class TargetEvents:
     informer: Informer
     since: dt.datetime  # listed Events seen before this are history
     registrations: list[Registration] = field(default_factory=list)
+    # Delegates (by uid) whose Events cached before them were looked at: once each, however
+    # often the target says the pod is added again.
+    replayed: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def first_replay(self, uid: str) -> bool:
+        """Whether the Events cached before delegate ``uid`` are still to be looked at (now
+        remembered as looked at; the least recent delegates are forgotten first)."""
+        if uid in self.replayed:
+            self.replayed.move_to_end(uid)
+            return False
+        self.replayed[uid] = None
+        while len(self.replayed) > MAX_REPLAYED:
+            self.replayed.popitem(last=False)
+        return True
 
 
 class EventReflector:
@@ -155,8 +173,8 @@ class EventReflector:
         def on_delegate(kind: str, pod: dict, _old: dict | None, _initial: bool) -> None:
             """Events that came before the delegate was cached (it may come second)."""
             uid = pod["metadata"].get("uid")
-            if kind != ADDED or not uid:
-                return
+            if kind != ADDED or not uid or not watch.first_replay(uid):
+                return  # a hostile target's pod added again and again costs no look each time
             recent = _now() - _seconds(REPLAY_WINDOW)
             for slim in informer.by_index(INVOLVED_INDEX, uid):
                 if is_recent(slim, recent):

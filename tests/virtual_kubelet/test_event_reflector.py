@@ -12,10 +12,15 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from multicluster import metrics
+from multicluster.informer import ADDED, DELETED
 from multicluster.kubetime import format_time
 from multicluster.resources import EVENTS
 from multicluster_scheduler.targets.registry import TargetConnection
-from multicluster_scheduler.virtual_kubelet.event_reflector import EventReflector
+from multicluster_scheduler.virtual_kubelet.event_reflector import (
+    INVOLVED_INDEX,
+    UID_INDEX,
+    EventReflector,
+)
 from tests.virtual_kubelet.test_pods import NS, Place, World, settle, there, until
 
 
@@ -185,3 +190,30 @@ async def test_two_targets_of_one_cluster_reflect_an_event_once(world: Reflectin
     assert [e["message"] for e in world.reflected()] == [
         "[target c2] Back-off restarting failed container web"
     ]
+
+
+async def test_a_delegate_said_to_be_added_again_and_again_costs_no_look_each_time(
+    world: Reflecting, monkeypatch: pytest.MonkeyPatch
+):
+    """A hostile target caches many Events about one delegate, then says the delegate is
+    deleted and added again, as fast as it can: the Events cached before the delegate are
+    looked at once, not once per addition (each look checks every one of them)."""
+    c2, delegate = await placed(world)
+    target = there(c2).client
+    for i in range(40):
+        await target.create(EVENTS, kubelet_event(delegate, f"ev-{i}", message=f"m{i}"), NS)
+    watch = world.reflector.targets[c2.node_name]
+    uid = delegate["metadata"]["uid"]
+    await until(
+        lambda: len(watch.informer.by_index(INVOLVED_INDEX, uid)) == 40, what="events cached"
+    )
+    looks = []
+    observe = world.reflector._observe
+    monkeypatch.setattr(world.reflector, "_observe", lambda w, s: looks.append(s) or observe(w, s))
+    delegates = c2.delegates
+    assert delegates is not None
+    cached = delegates.by_index(UID_INDEX, uid)[0]
+    for _ in range(100):
+        delegates._dispatch(DELETED, cached, None, False)
+        delegates._dispatch(ADDED, cached, None, False)
+    assert len(looks) <= 40  # before: 4,000
