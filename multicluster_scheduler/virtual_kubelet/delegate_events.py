@@ -14,13 +14,15 @@ obey, become spaces). Each reflected Event names its target at the start of its 
 its virtual node as the source's host and reporting instance.
 
 Repeats are aggregated as the event recorder's correlator does: the same type, reason and
-message about one proxy pod from one target is one Event whose ``count`` is the sum of the
-counts of the target's Events it stands for (a crash-looping delegate raises the count of one
-BackOff). Its name is derived from the target's first such Event, so that an agent that restarts
-and sees it again writes the same Event again, not a second one. Writes are bounded by
-:class:`multicluster.events.Correlator` token buckets: per proxy pod (``PROXY_BURST``, then one
-per ``PROXY_REFILL`` seconds) and per target (``TARGET_BURST``, then ``TARGET_RATE`` a second);
-what is over is dropped and counted.
+message (as the target wrote it) about one proxy pod from one target is one Event whose
+``count`` is the sum of the counts of the target's Events it stands for (a crash-looping
+delegate raises the count of one BackOff). Its name is derived from the target's first such
+Event, so that an agent that restarts and sees it again writes the same Event again, not a
+second one. Writes are bounded by :class:`multicluster.events.Correlator` token buckets: per
+proxy pod (``PROXY_BURST``, then one per ``PROXY_REFILL`` seconds) and per target
+(``TARGET_BURST``, then ``TARGET_RATE`` a second); what is over is dropped and counted. A
+message is made printable only for an Event written: a target sends Events as fast as its read
+limits allow, and looking at each character of each one cost more than reading it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import re
 import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from multicluster.kubetime import format_time, parse_time
 
@@ -135,10 +138,16 @@ class DelegateEvent:
     involved_uid: str
     type: str
     reason: str
-    message: str
+    raw_message: str  # as the target wrote it (cut to MAX_MESSAGE): repeats are told by it
     count: int
     first: dt.datetime | None
     last: dt.datetime | None
+
+    @cached_property
+    def message(self) -> str:
+        """The message as it may be shown: made only for an Event written, since it costs a
+        look at each character and a target sends Events as fast as it may."""
+        return printable(self.raw_message, MAX_MESSAGE)
 
 
 def delegate_event(slim: dict) -> DelegateEvent | None:
@@ -160,7 +169,7 @@ def delegate_event(slim: dict) -> DelegateEvent | None:
         involved_uid=slim["involvedUid"],
         type=slim["type"],
         reason=reason,
-        message=printable(slim["message"], MAX_MESSAGE),
+        raw_message=slim["message"],
         count=slim["count"],
         first=parse_time(slim["first"]),
         last=parse_time(slim["last"]),

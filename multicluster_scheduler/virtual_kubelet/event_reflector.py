@@ -228,7 +228,7 @@ class EventReflector:
             DROPPED.labels(node, "invalid").inc()
             return
         meta = proxy["metadata"]
-        key = (meta["uid"], node, event.type, event.reason, event.message)
+        key = (meta["uid"], node, event.type, event.reason, event.raw_message)
         reflection, due = self.reflections.observe(key, meta["name"], event, _now())
         if not due or reflection.writing:
             return  # nothing new, or the write under way takes the new count too

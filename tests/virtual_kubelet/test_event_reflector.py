@@ -16,6 +16,7 @@ from multicluster.informer import ADDED, DELETED
 from multicluster.kubetime import format_time
 from multicluster.resources import EVENTS
 from multicluster_scheduler.targets.registry import TargetConnection
+from multicluster_scheduler.virtual_kubelet import delegate_events
 from multicluster_scheduler.virtual_kubelet.event_reflector import (
     INVOLVED_INDEX,
     UID_INDEX,
@@ -217,3 +218,30 @@ async def test_a_delegate_said_to_be_added_again_and_again_costs_no_look_each_ti
         delegates._dispatch(DELETED, cached, None, False)
         delegates._dispatch(ADDED, cached, None, False)
     assert len(looks) <= 40  # before: 4,000
+
+
+async def test_only_the_messages_written_are_made_printable(
+    world: Reflecting, monkeypatch: pytest.MonkeyPatch
+):
+    """A target floods one proxy pod with Events whose long messages a terminal would obey:
+    those over the limits cost no look at each of their characters (10 times the cost of the
+    rest of an Event's handling: a target's events read as fast as its limits allow kept a
+    core busy)."""
+    c2, delegate = await placed(world)
+    target = there(c2).client
+    cleaned = []
+    clean = delegate_events.printable
+    monkeypatch.setattr(
+        delegate_events, "printable", lambda text, limit: cleaned.append(text) or clean(text, limit)
+    )
+    before = dropped(c2.node_name, "proxy_rate_limit")
+    for i in range(200):
+        message = f"{i}\x1b[2J" + "y" * 1000
+        await target.create(EVENTS, kubelet_event(delegate, f"flood-{i}", message=message), NS)
+    await until(
+        lambda: dropped(c2.node_name, "proxy_rate_limit") - before >= 175, what="drops counted"
+    )
+    await settle()
+    assert len(world.reflected()) == 25
+    assert all("\x1b" not in e["message"] for e in world.reflected())
+    assert len(cleaned) <= 2 * 25  # before: 225 (each Event, and each one written again)
