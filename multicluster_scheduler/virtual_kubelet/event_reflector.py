@@ -6,8 +6,10 @@ for a ClusterTarget, as the Source role there allows (``list`` and ``watch`` on 
 about one of our delegates, by uid, is written on its proxy pod as :mod:`.delegate_events` says,
 at once, in the background, and bounded: nothing is polled, and nothing waits on another target.
 
-The cache of a target's Events has a budget of its own (``EVENT_CACHE``): a target that sends
-more makes its events stop being reflected, never its delegates stop being seen. Events listed
+The cache of Events has a budget of its own (``EVENT_CACHE``), one for the Targets of a namespace
+together (as the rest of what is cached of them: a tenant who makes ten Targets does not get ten
+budgets) and one per ClusterTarget: a target that sends more makes its events stop being
+reflected, never its delegates stop being seen. Events listed
 when a watch starts are reflected only if recent (:data:`.delegate_events.REPLAY_WINDOW`), and
 those already reflected before an agent restart are written again under the same name (their
 count brought up to date), not twice. An Event that arrives before its delegate is cached is
@@ -44,6 +46,7 @@ from multicluster.informer import ADDED, DELETED
 from multicluster.resources import EVENTS
 
 from ..targets.delegates import DelegateLookup
+from ..targets.limits import owner
 from ..targets.registry import TargetConnection
 from .delegate_events import (
     PROXY_BURST,
@@ -136,6 +139,7 @@ class EventReflector:
             burst=TARGET_BURST, refill_every=1.0 / TARGET_RATE
         )
         self.reflections = Reflections()
+        self._budgets: dict[str, CacheBudget] = {}  # by owner (targets.limits.owner)
         self.targets: dict[str, TargetEvents] = {}
         self._tasks: set[asyncio.Task] = set()
         self.registry.on_connected(self._connected)
@@ -157,7 +161,7 @@ class EventReflector:
             transform=slim_event,
             cluster=node,
             idle_timeout=cluster.idle_timeout,
-            budget=CacheBudget(self.event_cache, f"the events of target {connection.name}"),
+            budget=self._budget(connection),
         )
         informer.add_indexer(INVOLVED_INDEX, involved_uid)
         delegates.add_indexer(UID_INDEX, _uid)
@@ -183,6 +187,20 @@ class EventReflector:
         watch.registrations = [informer.add_handler(on_event), delegates.add_handler(on_delegate)]
         self.targets[node] = watch
         informer.start()
+
+    def _budget(self, connection: TargetConnection) -> CacheBudget:
+        """What the Events of ``connection`` may take: a namespace's Targets share one budget,
+        as they share one for the rest of what is cached of them; a ClusterTarget has one."""
+        key = owner(connection.name, connection.namespace)
+        found = self._budgets.get(key)
+        if found is None:
+            holder = (
+                f"the events of the Targets of namespace {connection.namespace}"
+                if connection.namespace
+                else f"the events of ClusterTarget {connection.name}"
+            )
+            found = self._budgets[key] = CacheBudget(self.event_cache, holder)
+        return found
 
     def _disconnected(self, connection: TargetConnection) -> None:
         self._stop(connection.node_name)

@@ -245,3 +245,21 @@ async def test_only_the_messages_written_are_made_printable(
     assert len(world.reflected()) == 25
     assert all("\x1b" not in e["message"] for e in world.reflected())
     assert len(cleaned) <= 2 * 25  # before: 225 (each Event, and each one written again)
+
+
+async def test_the_targets_of_a_namespace_share_one_budget_for_their_events(world: Reflecting):
+    """A tenant makes Targets of its namespace point at servers that send Events: what is
+    cached of them all is within one budget (ten Targets had ten budgets: ten times what the
+    namespace's other caches may hold)."""
+    world.reflector.event_cache = 40_000
+    await world.start()
+    c2, c3 = await world.connect("c2"), await world.connect("c3")
+    for connection in (c2, c3):
+        for i in range(60):
+            event = kubelet_event({"metadata": {"name": f"pod-{i}", "uid": f"u{i}"}}, f"ev-{i}")
+            await there(connection).client.create(EVENTS, event, NS)
+    await settle()
+    informers = [world.reflector.targets[c.node_name].informer for c in (c2, c3)]
+    cached = [len(i.list()) for i in informers]
+    assert sum(cached) < 120  # some left out, by the budget
+    assert sum(sum(i._costs.values()) for i in informers) <= 40_000
