@@ -493,3 +493,23 @@ def test_every_status_option_says_its_default():
     for action in status._actions:
         if action.option_strings and action.dest != "help":
             assert "default" in status.formatter_class(prog="x")._get_help_string(action)
+
+
+def test_what_clusters_wrote_reaches_the_terminal_as_text_only():
+    """A Target's server chooses the message of its Ready condition (a Status it answers, C1
+    controls kept), and proxy pods' reasons quote targets: a table printed to a terminal must
+    not carry what it would obey (clear the screen, retitle the window, move the cursor back
+    over other lines) nor bidirectional overrides that show text in another order."""
+    hostile = "evil\x1b[2J\x9b2J\x1b]0;owned\x07\r\nfake line\u202edesrever\u200b"
+    report = build_report(
+        observed(
+            targets=[target("c2", "False", "Unauthorized", hostile)],
+            proxies=[proxy("p", phase="Pending", scheduled=("Unschedulable", hostile))],
+        )
+    )
+    for colour in (False, True):
+        text = render_table(report, colour)
+        for obeyed in ("\x9b", "\x07", "\r", "\u202e", "\u200b"):
+            assert obeyed not in text
+        assert text.count("\x1b") == (text.count("\x1b[0m") * 2 if colour else 0)
+        assert "evil [2J 2J ]0;owned fake linedesrever" in text

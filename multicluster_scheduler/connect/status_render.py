@@ -1,6 +1,11 @@
 """How ``status`` prints its report: tables like ``kubectl get`` for people, JSON or YAML of the
 documented schema for scripts.
 
+What the clusters wrote (a condition's message, a pod's reason) is printed as text only: control
+characters, which a terminal would obey, become spaces, and formatting characters (bidirectional
+overrides) are dropped; a Target's server, or anyone who may write those fields, chooses them.
+JSON and YAML carry them as they are, escaped as those formats escape.
+
 Colour only marks what needs a look (a target not Ready in red, pods still Pending in yellow)
 and is used only when the caller says the output is a terminal that accepts it
 (:func:`use_colour`): piped into a file or grep, a table is plain text.
@@ -14,11 +19,13 @@ from typing import TextIO
 import orjson
 import yaml
 
+from ..virtual_kubelet.delegate_events import printable
 from .status_report import target_label
 
 RED, GREEN, YELLOW = "31", "32", "33"
 NONE = "<none>"
 GAP = "   "  # between columns, as kubectl
+MAX_SHOWN = 4096  # characters of one cell, or of one line of text about a target
 
 
 def use_colour(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
@@ -34,6 +41,7 @@ Cell = tuple[str, str | None]  # text, colour
 
 def table(header: list[str], rows: list[list[Cell]], colour: bool) -> list[str]:
     """Columns aligned on the text as seen (colour codes take no room)."""
+    rows = [[(printable(text, MAX_SHOWN), code) for text, code in row] for row in rows]
     widths = [max([len(header[i]), *(len(row[i][0]) for row in rows)]) for i in range(len(header))]
     lines = [GAP.join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     for row in rows:
@@ -87,7 +95,8 @@ def target_lines(report: dict, colour: bool) -> list[str]:
             where = f"{target['namespace']}/" if target["namespace"] else ""
             why = f" ({target['reason']})" if target["reason"] else ""
             message = "; ".join(p for p in (target["message"], target["hint"]) if p)
-            lines.append(f"{target['kind']} {where}{target['name']} is not Ready{why}: {message}")
+            line = f"{target['kind']} {where}{target['name']} is not Ready{why}: {message}"
+            lines.append(printable(line, MAX_SHOWN))
     return lines
 
 
