@@ -14,7 +14,8 @@ from typing import Any
 
 MESSAGE_LIMIT = 1024
 """Characters of a Status message kept (an Event's message is about as long at most)."""
-_CONTROLS = {c: " " for c in (*range(32), 127)}  # no forged log lines
+# No forged log lines, nothing a terminal obeys: C0, DEL, and C1 (U+009B is a CSI).
+_CONTROLS = {c: " " for c in (*range(32), *range(127, 160))}
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {}

@@ -97,6 +97,15 @@ def test_errors_are_typed_by_status_and_reason():
     assert "pods x not found" in str(error_for(404, status(message="pods x not found"), "GET"))
 
 
+def test_a_status_message_keeps_no_control_character():
+    """A server's words reach a Target's status, events, logs and terminals: nothing in them
+    may be obeyed, 8-bit controls (``\x9b`` is a CSI to terminals that take them) included."""
+    hostile = "denied\x1b[2J\x9b2J\x9d0;owned\x07\r\nforged\x7f\x85line"
+    body = {"kind": "Status", "apiVersion": "v1", "message": hostile}
+    text = str(error_for(403, body, "GET"))
+    assert text.endswith("denied [2J 2J 0;owned   forged  line")
+
+
 def test_an_index_value_of_one_object_or_of_several_finds_them_all():
     store = Store()
     store.add_indexer("uid", lambda o: [o["metadata"]["uid"]])
