@@ -19,8 +19,11 @@ message (as the target wrote it) about one proxy pod from one target is one Even
 delegate raises the count of one BackOff). Its name is derived from the target's first such
 Event, so that an agent that restarts and sees it again writes the same Event again, not a
 second one. Writes are bounded by :class:`multicluster.events.Correlator` token buckets: per
-proxy pod (``PROXY_BURST``, then one per ``PROXY_REFILL`` seconds) and per target
-(``TARGET_BURST``, then ``TARGET_RATE`` a second); what is over is dropped and counted. A
+proxy pod (``PROXY_BURST``, then one per ``PROXY_REFILL`` seconds), per owner of targets (the
+Targets of a namespace together, or one ClusterTarget: ``TARGET_BURST``, then ``TARGET_RATE`` a
+second) and for all targets together (``TOTAL_BURST``, then ``TOTAL_RATE`` a second: these writes
+share the agent's requests to its own API server with placing pods, and a tenant's ten Targets,
+or many tenants, must not take them); what is over is dropped and counted. A
 message is made printable only for an Event written: a target sends Events as fast as its read
 limits allow, and looking at each character of each one cost more than reading it.
 """
@@ -56,6 +59,8 @@ PROXY_BURST = 25
 PROXY_REFILL = 60.0
 TARGET_BURST = 100
 TARGET_RATE = 5.0
+TOTAL_BURST = 200
+TOTAL_RATE = 20.0
 
 
 def _text(value: object, limit: int) -> str:

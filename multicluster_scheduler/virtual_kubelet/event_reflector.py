@@ -54,6 +54,8 @@ from .delegate_events import (
     REPLAY_WINDOW,
     TARGET_BURST,
     TARGET_RATE,
+    TOTAL_BURST,
+    TOTAL_RATE,
     DelegateEvent,
     Reflection,
     Reflections,
@@ -83,7 +85,8 @@ REFLECTED = Counter(
 DROPPED = Counter(
     "multicluster_scheduler_delegate_events_dropped_total",
     "Events of delegates in targets not written on their proxy pods, by target (virtual node) "
-    "and reason (proxy_rate_limit, target_rate_limit, backlog, invalid, failed).",
+    "and reason (proxy_rate_limit, target_rate_limit, total_rate_limit, backlog, invalid, "
+    "failed).",
     ["target", "reason"],
     registry=metrics.REGISTRY,
 )
@@ -128,6 +131,7 @@ class EventReflector:
         *,
         proxy_limits: Correlator | None = None,
         target_limits: Correlator | None = None,
+        total_limits: Correlator | None = None,
         event_cache: int = EVENT_CACHE,
     ) -> None:
         self.local = local
@@ -137,6 +141,9 @@ class EventReflector:
         self.proxy_limits = proxy_limits or Correlator(burst=PROXY_BURST, refill_every=PROXY_REFILL)
         self.target_limits = target_limits or Correlator(
             burst=TARGET_BURST, refill_every=1.0 / TARGET_RATE
+        )
+        self.total_limits = total_limits or Correlator(
+            burst=TOTAL_BURST, refill_every=1.0 / TOTAL_RATE
         )
         self.reflections = Reflections()
         self._budgets: dict[str, CacheBudget] = {}  # by owner (targets.limits.owner)
@@ -250,23 +257,29 @@ class EventReflector:
         reflection, due = self.reflections.observe(key, meta["name"], event, _now())
         if not due or reflection.writing:
             return  # nothing new, or the write under way takes the new count too
-        why = self._limited(proxy, node)
+        why = self._limited(proxy, connection)
         if why is not None:
             DROPPED.labels(node, why).inc()
             return
         reflection.writing = True
         self._spawn(self._write(proxy, connection, event, reflection))
 
-    def _limited(self, proxy: dict, node: str, *, writing: bool = False) -> str | None:
-        """Why a write about ``proxy`` from ``node`` may not be made now, if it may not
-        (``writing``: by a write under way, which holds its place)."""
+    def _limited(
+        self, proxy: dict, connection: TargetConnection, *, writing: bool = False
+    ) -> str | None:
+        """Why a write about ``proxy`` from ``connection`` may not be made now, if it may not
+        (``writing``: by a write under way, which holds its place). The limit of a target is
+        its owner's: a namespace's Targets share one."""
         if not writing and len(self._tasks) >= MAX_PENDING:
             return "backlog"
         meta = proxy["metadata"]
         if not self.proxy_limits.allow((meta["namespace"], "Pod", meta["name"], meta["uid"])):
             return "proxy_rate_limit"
-        if not self.target_limits.allow(("", "Target", node, "")):
+        who = owner(connection.name, connection.namespace)
+        if not self.target_limits.allow(("", "Target", who, "")):
             return "target_rate_limit"
+        if not self.total_limits.allow(("", "", "", "")):
+            return "total_rate_limit"
         return None
 
     async def _write(
@@ -284,7 +297,7 @@ class EventReflector:
                 await self._write_once(proxy, connection, event, reflection)
                 if not reflection.due:
                     return
-                why = self._limited(proxy, node, writing=True)
+                why = self._limited(proxy, connection, writing=True)
                 if why is not None:
                     DROPPED.labels(node, why).inc()
                     return

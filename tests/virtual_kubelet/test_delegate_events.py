@@ -20,6 +20,8 @@ from multicluster_scheduler.virtual_kubelet.delegate_events import (
     REPLAY_WINDOW,
     TARGET_BURST,
     TARGET_RATE,
+    TOTAL_BURST,
+    TOTAL_RATE,
     Reflections,
     count_patch,
     delegate_event,
@@ -274,6 +276,7 @@ def test_the_rate_limits_bound_a_flood_per_proxy_pod_and_per_target():
         return proxies.allow(("ns", "Pod", pod, pod)) and targets.allow(("", "T", target, ""))
 
     assert (PROXY_BURST, PROXY_REFILL, TARGET_BURST, TARGET_RATE) == (25, 60.0, 100, 5.0)
+    assert (TOTAL_BURST, TOTAL_RATE) == (200, 20.0)  # a tenth of the agent's requests at most
     assert sum(allowed("crashing", "c2") for _ in range(500)) == 25
     clock.now = 60.0
     assert sum(allowed("crashing", "c2") for _ in range(500)) == 1

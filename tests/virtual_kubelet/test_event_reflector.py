@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from multicluster import metrics
+from multicluster.events import Correlator
 from multicluster.informer import ADDED, DELETED
 from multicluster.kubetime import format_time
 from multicluster.resources import EVENTS
@@ -263,3 +264,36 @@ async def test_the_targets_of_a_namespace_share_one_budget_for_their_events(worl
     cached = [len(i.list()) for i in informers]
     assert sum(cached) < 120  # some left out, by the budget
     assert sum(sum(i._costs.values()) for i in informers) <= 40_000
+
+
+async def test_a_namespaces_targets_share_one_limit_and_all_targets_another(world: Reflecting):
+    """A tenant's Targets flood their delegates' proxy pods: the writes of a namespace's Targets
+    are bounded together (ten Targets had ten times the limit), and those of all targets too
+    (they share this cluster's API requests with placing pods)."""
+    world.reflector.target_limits = Correlator(burst=3, refill_every=3600.0)
+    world.reflector.total_limits = Correlator(burst=5, refill_every=3600.0)
+    c2, delegate = await placed(world)
+    c3 = await world.connect("c3")
+    other = await world.place(await world.proxy("web-2"), c3)
+    await until(lambda: world.lookup.proxy_of(other, c3) is not None, what="bound")
+    for connection, pod in ((c2, delegate), (c3, other)):
+        for i in range(10):
+            event = kubelet_event(pod, f"flood-{i}", message=f"m{i}")
+            await there(connection).client.create(EVENTS, event, NS)
+    await until(
+        lambda: (
+            dropped(c2.node_name, "target_rate_limit") + dropped(c3.node_name, "target_rate_limit")
+            >= 17
+        ),
+        what="drops counted",
+    )
+    await settle()
+    assert len(world.reflected("web-1")) + len(world.reflected("web-2")) == 3  # before: 6
+    # Past the limit of all targets, however many writes a namespace has left.
+    world.reflector.target_limits = Correlator(burst=100, refill_every=3600.0)
+    before = dropped(c2.node_name, "total_rate_limit")
+    for i in range(10):
+        event = kubelet_event(delegate, f"more-{i}", message=f"more {i}")
+        await there(c2).client.create(EVENTS, event, NS)
+    await until(lambda: dropped(c2.node_name, "total_rate_limit") - before >= 8, what="total")
+    assert len(world.reflected("web-1")) + len(world.reflected("web-2")) == 5
