@@ -6,10 +6,11 @@ a copy must exist there: yes while a delegate of this cluster in that target use
 volumes, ``env``, ``envFrom`` or image pull secrets), no otherwise. Copies are created, kept
 equal to their source and deleted when no longer used; a copy someone deletes in a target is
 made again from the deletion's watch event, at once the first time and later and later if that
-keeps happening (a target cannot keep us writing it); the source object carries our finalizer
-while it has copies, so that deleting it deletes them first. Nothing is copied to self targets
-(the object is there already). An object of the same name in a target that is not our copy is
-never overwritten: a Warning event on the source says so.
+keeps happening (a target cannot keep us writing it); so is a copy someone changes there while
+its source stays as it was (a change of the source is written at once); the source object
+carries our finalizer while it has copies, so that deleting it deletes them first. Nothing is
+copied to self targets (the object is there already). An object of the same name in a target
+that is not our copy is never overwritten: a Warning event on the source says so.
 
 The scheduler calls :meth:`Follow.prepare` before it creates a delegate: it asks the follow
 controllers, the only writers of copies, for those the delegate will use (a request for that
@@ -76,9 +77,9 @@ REMOVAL_CONCURRENCY = 8  # copies deleted at once from a removed target (it may 
 NOT_CACHED_RETRY = 2.0
 FOREIGN_RETRY = 60.0  # someone else's object of the same name: looked at again after this
 RESYNC_EVERY = 300.0
-# A copy deleted in its target by someone else is made again at once, from the deletion's watch
-# event; deleted again and again, it is made again after 1, 2, 4... s, at most RESYNC_EVERY
-# (each RESYNC_EVERY without a deletion takes one off the count: RepeatBackoff).
+# A copy deleted (or changed) in its target by someone else is made again at once, from the
+# watch event; deleted or changed again and again, it is made again after 1, 2, 4... s, at most
+# RESYNC_EVERY (each RESYNC_EVERY without one takes one off the count: RepeatBackoff).
 RECREATE_BACKOFF = 1.0
 RESOURCES: dict[str, Resource] = {CONFIG_MAP: CONFIGMAPS, SECRET: SECRETS}
 
@@ -159,7 +160,8 @@ class Follower:
         self._wanted: dict[Key, list[tuple[float, asyncio.Future]]] = {}
         self._written: dict[Key, tuple[str, float]] = {}  # → (hash, monotonic time)
         self._foreign: dict[Key, float] = {}  # → monotonic time until which it is skipped
-        # Copies deleted by someone else, made again later and later if that keeps happening.
+        # Copies deleted or changed by someone else, made again later and later if that keeps
+        # happening.
         self._recreations: RepeatBackoff[Key] = RepeatBackoff(RECREATE_BACKOFF, RESYNC_EVERY)
         self._deleting: dict[Key, str] = {}  # → uid of the copy this controller deleted
 
@@ -218,7 +220,7 @@ class Follower:
             transform=slim_followed,
         )
 
-        def on_copy(event: str, copy: dict, _old: dict | None, initial: bool) -> None:
+        def on_copy(event: str, copy: dict, old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
             if event == DELETED:
                 self._written.pop((node, meta["namespace"], meta["name"]), None)
@@ -226,7 +228,12 @@ class Follower:
                 meta.get("namespace") or ""
             ):
                 return
-            delay = self._deleted(node, copy) if event == DELETED else 0.0
+            if event == DELETED:
+                delay = self._deleted(node, copy)
+            elif event == MODIFIED and old is not None and old["hash"] != copy["hash"]:
+                delay = self._changed(node, copy)
+            else:
+                delay = 0.0
             request = self._request(meta["namespace"], meta["name"])
             if queue.failures(request):
                 return  # retried with backoff already
@@ -269,6 +276,23 @@ class Follower:
         if self.sources.get(meta["name"], meta["namespace"]) is None:
             return 0.0
         return self._recreations.happened(key)
+
+    def _changed(self, node: str, copy: dict) -> float:
+        """A copy of ours was changed in a target: the seconds to wait before writing it back,
+        when someone there changed it while its source stayed as this controller last wrote it
+        (0 for a change of ours, or when the source changed too)."""
+        meta = copy["metadata"]
+        key = (node, meta["namespace"], meta["name"])
+        if copy["hash"] == (self._written.get(key) or ("",))[0] or not self._restores(key):
+            return 0.0
+        return self._recreations.happened(key)
+
+    def _restores(self, key: Key) -> bool:
+        """Whether writing the copy of ``key`` now would write what was written last: the
+        source is as it was then (someone in the target changed or deleted the copy)."""
+        written = self._written.get(key)
+        source = self.sources.get(key[2], key[1])
+        return written is not None and source is not None and source["hash"] == written[0]
 
     def disconnected(self, connection: TargetConnection) -> None:
         node = connection.node_name
@@ -412,8 +436,8 @@ class Follower:
             self._warn(key, source, connection, "CopyConflict")
         elif self._foreign.get(key, 0.0) > plan.now:
             plan.later(self._foreign[key] - plan.now + 0.1)
-        elif copy is None and (wait := self._recreations.wait(key)):
-            plan.keep(look_again=wait)  # deleted there again and again: made again later
+        elif (copy is None or self._restores(key)) and (wait := self._recreations.wait(key)):
+            plan.keep(look_again=wait)  # deleted or changed there again and again: later
         else:
             plan.actions.append((connection, "write", copy))
 

@@ -9,7 +9,8 @@ date, how it is updated); how copies are kept is the same, and lives here once:
   that is not our copy is never overwritten (a Warning event on the original says so). A copy
   deleted in its target by someone else is made again at once, from the deletion's watch event;
   deleted again and again, after 1, 2, 4... s, at most five minutes (``RepeatBackoff``), so
-  that a target cannot keep us writing it.
+  that a target cannot keep us writing it. So is a copy changed there while its original stays
+  as it was (a change of the original is written at once).
 - The original carries our finalizer while it is copied: when it is deleted, or is no longer
   to be copied, its copies are deleted from every target that can be reached, then the
   finalizer is removed.
@@ -54,7 +55,7 @@ from multicluster import (
     is_deleting,
 )
 from multicluster.events import EventRecorder
-from multicluster.informer import ADDED, DELETED, strip_managed_fields
+from multicluster.informer import ADDED, DELETED, MODIFIED, strip_managed_fields
 from multicluster.ratelimit import RepeatBackoff
 
 from ..api import keys
@@ -158,6 +159,9 @@ class TargetCopies:
             RECREATE_BACKOFF, RECREATE_MAX
         )
         self._deleting: dict[tuple[str, str, str], str] = {}
+        # Copies changed by someone else → the resourceVersion of their original then: written
+        # back later and later while the original stays as it was.
+        self._changed_there: dict[tuple[str, str, str], str] = {}
         registry.on_connected(self._connected)
         registry.on_disconnected(self._disconnected)
         registry.on_changed(self._changed)
@@ -200,7 +204,7 @@ class TargetCopies:
         )
         queue = self.queue
 
-        def on_copy(event: str, copy: dict, _old: dict | None, initial: bool) -> None:
+        def on_copy(event: str, copy: dict, old: dict | None, initial: bool) -> None:
             meta = copy["metadata"]
             # A namespaced Target's server may claim objects of any namespace: only those of
             # its own are looked at (others are no business of this target).
@@ -208,7 +212,12 @@ class TargetCopies:
                 meta.get("namespace") or ""
             ):
                 return
-            delay = self._deleted(node, copy) if event == DELETED else 0.0
+            if event == DELETED:
+                delay = self._deleted(node, copy)
+            elif event == MODIFIED and old is not None and old is not copy:
+                delay = self._changed_in_target(node, copy, old)
+            else:
+                delay = 0.0
             request = self.request(meta["namespace"], meta["name"])
             # One failing is retried with backoff already: a target that keeps changing
             # it must not make it retry at the rate of its events.
@@ -243,6 +252,22 @@ class TargetCopies:
             return 0.0
         if self.originals.get(meta["name"], meta["namespace"]) is None:
             return 0.0
+        return self._recreations.happened(key)
+
+    def _changed_in_target(self, node: str, copy: dict, old: dict) -> float:
+        """A copy of ours was changed in a target: the seconds to wait before writing it back,
+        when it was what its original wants and is not any more (someone there changed it)."""
+        meta = copy["metadata"]
+        original = self.originals.get(meta["name"], meta["namespace"])
+        if (
+            original is None
+            or not self.to_copy(original)
+            or not self._current(original, old)
+            or self._current(original, copy)
+        ):
+            return 0.0
+        key = (node, meta["namespace"], meta["name"])
+        self._changed_there[key] = original["metadata"].get("resourceVersion") or ""
         return self._recreations.happened(key)
 
     def _recovered(self, connection: TargetConnection) -> None:
@@ -284,6 +309,7 @@ class TargetCopies:
         self.informers.pop(node, None)
         self._ready.pop(node, None)
         self._deleting = {k: uid for k, uid in self._deleting.items() if k[0] != node}
+        self._changed_there = {k: v for k, v in self._changed_there.items() if k[0] != node}
         self._recreations.discard_if(lambda key: key[0] == node)
         for key in list(self._warned):
             self._forget_warning(key[0], key[1], node)
@@ -390,8 +416,10 @@ class TargetCopies:
             if self._current(original, copy):
                 return self._resolved(connection, namespace, name)
         key = (connection.node_name, namespace, name)
-        if original is not None and copy is None and self._recreations.wait(key):
-            return Copy.DELAYED
+        if original is not None and self._recreations.wait(key):
+            version = original["metadata"].get("resourceVersion") or ""
+            if copy is None or self._changed_there.get(key) == version:
+                return Copy.DELAYED  # deleted or changed there again and again
         with self.slots.slot(connection.name, connection.namespace) as free:
             if not free:
                 return Copy.BUSY
@@ -540,6 +568,7 @@ class TargetCopies:
         )
 
     def _resolved(self, connection: TargetConnection, namespace: str, name: str) -> Copy:
+        self._changed_there.pop((connection.node_name, namespace, name), None)
         self._forget_warning(namespace, name, connection.node_name)
         return Copy.CURRENT
 

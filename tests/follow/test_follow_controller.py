@@ -526,6 +526,62 @@ async def test_a_target_deleting_a_copy_again_and_again_holds_up_no_other(world:
     assert (await made_again(world, "hostile", uid)) > 2
 
 
+async def change_by_hand(world: World, target: str, value: str, name: str = "settings") -> None:
+    """Someone in ``target`` changes our copy of ``name`` there, once it is back as written
+    and cached so."""
+    copies = world.maps.copies[world.node(target)]
+    source = named(world.api, CONFIGMAPS, name, NS)
+    await until(
+        lambda: (
+            world.copies(target)[name]["data"] == source["data"]
+            and (copies.get(name, NS) or {}).get("hash") == world.maps.sources.get(name, NS)["hash"]
+        ),
+        what="the copy as written",
+    )
+    admin = FakeClient(world.targets[target].server, name="admin")
+    await admin.patch(CONFIGMAPS, name, {"data": {"GREETING": value}}, NS)
+
+
+async def written_back(world: World, target: str, name: str = "settings") -> float:
+    """Seconds until the copy of ``name`` in ``target`` says what its source says again."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    source = named(world.api, CONFIGMAPS, name, NS)
+    await until(
+        lambda: world.copies(target)[name]["data"] == source["data"],
+        timeout=5,
+        what="the copy written back",
+    )
+    return loop.time() - started
+
+
+async def test_a_copy_changed_in_its_target_again_and_again_is_written_back_later_and_later(
+    world: World,
+):
+    """Someone in a target (or its server) changes our copy as soon as it is written back: at
+    once the first time, then after 1 s, 2 s... (before: one write per change, at the pace of
+    whoever changes it); another target's copy changed meanwhile is written back at once, and so
+    is a change of the source."""
+    await world.source(config_map())
+    for target in ("hostile", "c3"):
+        await world.connect(target)
+        proxy = await world.proxy(pod_using("d-" + target, "settings"), target)
+        await world.delegate(target, world.delegate_of(proxy))
+    world.run()
+    await until(lambda: "settings" in world.copies("hostile"), what="the copy")
+    await change_by_hand(world, "hostile", "owned-1")
+    assert await written_back(world, "hostile") < 0.5
+    await change_by_hand(world, "hostile", "owned-2")
+    assert 0.9 < await written_back(world, "hostile") < 1.5
+    await change_by_hand(world, "hostile", "owned-3")  # the third: 2 s
+    await change_by_hand(world, "c3", "changed")
+    assert await written_back(world, "c3") < 0.5
+    await settle(0.5)
+    assert world.copies("hostile")["settings"]["data"]["GREETING"] == "owned-3", "still waiting"
+    await world.local.client.patch(CONFIGMAPS, "settings", {"data": {"GREETING": "bye"}}, NS)
+    assert await written_back(world, "hostile") < 0.5
+
+
 # -- before a delegate is created -----------------------------------------------------------------
 
 

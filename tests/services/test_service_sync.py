@@ -721,6 +721,52 @@ async def test_a_target_deleting_a_copy_again_and_again_holds_up_no_other(world:
     assert 0.5 < result.requeue_after <= 1
 
 
+async def change_by_hand(world: World, target: str, port: int, name: str = "db") -> None:
+    """Someone in ``target`` changes the port of our copy of ``name`` there; its cache sees it."""
+    ports = [{"port": port, "protocol": "TCP", "targetPort": port}]
+    admin = FakeClient(world.targets[target].server, name="admin")
+    await admin.patch(SERVICES, name, {"spec": {"ports": ports}}, NS)
+    await until(
+        lambda: (
+            (world.copies_cache(target).get(name, NS) or {}).get("spec", {}).get("ports") == ports
+        ),
+        what="change seen",
+    )
+
+
+async def test_a_copy_changed_in_a_target_again_and_again_is_written_back_later_and_later(
+    world: World,
+):
+    """The change's event queues its original at once the first time; the second time within
+    five minutes, after a second, and a reconcile before then waits too (before: written back
+    at each change, at the pace of whoever changes it). Another target's copy changed meanwhile
+    is written back at once, and so is a change of the original."""
+    await world.connect("c3")
+    await world.add(service("db", {"role": "db"}, **{keys.GLOBAL: "true"}))
+    await world.reconcile("db")
+    await world.settled("db")
+    await world.drain()
+    await change_by_hand(world, "c2", 6666)
+    assert await world.drain() == {"db"}, "at once"
+    assert await world.reconcile("db") is None
+    assert world.writes("c2")[-1] == ("update", "db")
+    await world.settled("db")
+    await world.drain()  # its update's event
+
+    await change_by_hand(world, "c2", 7777)
+    await change_by_hand(world, "c3", 8888)
+    await world.drain()  # c3's, at once
+    result = await world.reconcile("db")
+    assert result is not None
+    assert 0.5 < result.requeue_after <= 1.0
+    assert world.copy_in("c2", "db")["spec"]["ports"][0]["port"] == 7777, "not yet"
+    assert world.copy_in("c3", "db")["spec"]["ports"][0]["port"] == 80, "at once"
+    await world.local.client.patch(SERVICES, "db", {"metadata": {"labels": {"v": "2"}}}, NS)
+    await world.settled("db")
+    assert await world.reconcile("db") is None
+    assert world.copy_in("c2", "db")["spec"]["ports"][0]["port"] == 80, "the original changed"
+
+
 # -- copies looked at again -----------------------------------------------------------------------
 
 
