@@ -22,6 +22,7 @@ from multicluster.errors import Forbidden, NotFound, Unauthorized, Unreachable, 
 from multicluster.pki import CertificateAuthority
 from multicluster_scheduler.cli import build_parser
 from multicluster_scheduler.connect import export as export_module
+from multicluster_scheduler.connect import join as join_module
 from multicluster_scheduler.connect import manifests
 from multicluster_scheduler.connect.export import (
     TOKEN_TYPE,
@@ -799,6 +800,43 @@ async def test_join_quotes_a_source_that_is_not_ready():
     with pytest.raises(ConnectError) as error:
         await join(plan_from(args), fake_context("a"), target, timeout=0.2)
     assert str(error.value).endswith("; Source t/a in context b is not Ready: Conflict (taken)")
+
+
+def test_what_a_hostile_target_writes_reaches_the_terminal_as_text_only(monkeypatch, capsys):
+    """join quotes the target's Source when it is not Ready (and unjoin the names of what the
+    target lists): a hostile target's server chooses those words, and nothing in them may be
+    obeyed by the terminal (clear the screen, retitle the window, write the clipboard)."""
+    hostile = "taken\x1b[2J\x1b]52;c;ZXZpbA==\x07\x9b2J\r\nerror: fake\u202e"
+    target = fake_context("b")
+    target.client.put(
+        "sources",
+        {
+            "metadata": {"name": "a", "namespace": "t"},
+            "spec": {"serviceAccountName": "a"},
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": "False", "reason": "Conflict", "message": hostile}
+                ]
+            },
+        },
+    )
+    contexts = {"a": fake_context("a"), "b": target}
+
+    @contextlib.asynccontextmanager
+    async def opened(_kubeconfig, name):
+        yield contexts[name]
+
+    monkeypatch.setattr(join_module, "open_context", opened)
+    args = join_args("--source-context", "a", "--target-context", "b", "-n", "t")
+    args.timeout = 0.2
+    assert join_module.main(args) == 1
+    out, err = capsys.readouterr()
+    for obeyed in ("\x1b", "\x07", "\x9b", "\r", "\u202e"):
+        assert obeyed not in out + err
+    assert [line for line in err.splitlines() if line.startswith("error: ")] == [
+        err.splitlines()[-1]
+    ], "one error line: no forged one under it"
+    assert "Conflict (taken [2J ]52;c;ZXZpbA== 2J error: fake)" in err
 
 
 def same_cluster_contexts(uid: str | None = "uid-ks") -> tuple[Context, Context]:

@@ -19,7 +19,7 @@ from multicluster.resources import NAMESPACES, SECRETS, SERVICEACCOUNTS
 
 from .kubeconfig import exported_cluster, read_ca_file, service_account_kubeconfig
 from .manifests import CREATED_BY, kubeconfig_secret, name_from_context, to_yaml
-from .problems import ConnectError
+from .problems import ConnectError, say
 from .remote import Context, open_context, poll
 
 TOKEN_TYPE = "kubernetes.io/service-account-token"
@@ -291,7 +291,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         secret = asyncio.run(run(args))
     except ConnectError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", sys.stderr)
         return 1
     sys.stdout.write(to_yaml(secret))
     return 0

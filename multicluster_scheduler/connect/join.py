@@ -41,7 +41,7 @@ from .export import (
     namespace_exists,
 )
 from .kubeconfig import read_ca_file
-from .problems import ConnectError
+from .problems import ConnectError, say
 from .remote import FIELD_MANAGER, Context, open_context, poll
 
 DEFAULT_CLUSTER_NAMESPACE = "admiralty"
@@ -667,8 +667,8 @@ async def run(args: argparse.Namespace) -> None:
             wait=args.wait,
             timeout=args.timeout,
             token_timeout=args.token_timeout,
-            report=lambda line: print(line, flush=True),
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            report=say,
+            progress=lambda line: say(line, sys.stderr),
             rollback=args.rollback,
         )
 
@@ -677,7 +677,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         asyncio.run(run(args))
     except ConnectError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -8,11 +8,26 @@ the address that did not answer.
 
 from __future__ import annotations
 
+import sys
+from typing import TextIO
+
 from multicluster.errors import ApiError, Forbidden, NotFound, Unauthorized, Unreachable
+
+from ..virtual_kubelet.delegate_events import printable
+
+MAX_LINE = 8192
 
 
 class ConnectError(Exception):
-    """A failure of export or join, with a message meant for the user (printed as is)."""
+    """A failure of export or join, with a message meant for the user (printed by :func:`say`)."""
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """Print one line of what a command reports, as text only: it quotes what the clusters
+    wrote (a Source's or Target's condition, names a target's server lists), and a hostile
+    target chooses those; control characters, which a terminal would obey, become spaces and
+    formatting characters (bidirectional overrides) are dropped."""
+    print(printable(line, MAX_LINE), file=stream or sys.stdout, flush=True)
 
 
 def explain(

@@ -26,7 +26,7 @@ from multicluster.resources import JOBS, NAMESPACES, NODES, PODS, REPLICASETS, R
 from ..api import keys
 from ..api.proxy import PROXY_FIELD_SELECTOR
 from ..api.resources import CLUSTER_TARGETS, TARGETS
-from .problems import ConnectError
+from .problems import ConnectError, say
 from .remote import Context, open_context
 from .status_render import render, use_colour
 from .status_report import (
@@ -205,10 +205,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(run(args))
     except ConnectError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", sys.stderr)
         return EXIT_ERROR
     for warning in report["warnings"]:
-        print(f"warning: {warning}", file=sys.stderr)
+        say(f"warning: {warning}", sys.stderr)
     sys.stdout.write(render(report, args.output, colour=use_colour(sys.stdout)))
     sys.stdout.flush()
     return exit_code(report)

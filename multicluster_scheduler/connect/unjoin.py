@@ -42,7 +42,7 @@ from .join import (
     same_cluster,
 )
 from .manifests import CREATED_BY
-from .problems import ConnectError
+from .problems import ConnectError, say
 from .remote import Context, open_context, poll
 
 EXAMPLES = """\
@@ -297,8 +297,8 @@ async def run(args: argparse.Namespace) -> None:
             dry_run=args.dry_run,
             wait=args.wait,
             timeout=args.timeout,
-            report=lambda line: print(line, flush=True),
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
+            report=say,
+            progress=lambda line: say(line, sys.stderr),
         )
 
 
@@ -306,7 +306,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         asyncio.run(run(args))
     except ConnectError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
