@@ -73,7 +73,7 @@ INVOLVED_INDEX = "involved-uid"
 UID_INDEX = "uid"
 EVENT_CACHE = 16 << 20
 MAX_PENDING = 256  # writes in flight, all targets together
-MAX_REPLAYED = 4096  # delegates of one target whose earlier Events were looked at, remembered
+MAX_REPLAYED = 1024  # delegates of one target whose earlier Events were looked at, remembered
 
 REFLECTED = Counter(
     "multicluster_scheduler_delegate_events_reflected_total",
