@@ -1255,6 +1255,21 @@ async def test_unjoin_leaves_secrets_it_did_not_write_or_that_another_target_use
     ) in lines
 
 
+async def test_unjoin_leaves_a_secret_that_a_target_of_the_other_kind_uses():
+    """A ClusterTarget may name the Secret of a namespace's Target (and a namespace's Target the
+    Secret a cluster-scoped join wrote there): it is still used, and kept."""
+    source, target, plan = joining()
+    await join(plan, source, target, wait=False, report=lambda _: None)
+    cluster_target = {
+        "metadata": {"name": "shared"},
+        "spec": {"kubeconfigSecret": {"name": "cluster2", "namespace": "t"}},
+    }
+    source.client.put("clustertargets", cluster_target)
+    lines = await unjoin_lines(source, target, dry_run=True)
+    assert "Secret t/cluster2 kept in cluster1: ClusterTarget shared uses it too" in lines
+    assert "Secret t/cluster2 would be deleted in cluster1" not in lines
+
+
 async def test_unjoin_of_an_unreachable_target_still_disconnects_the_source():
     source, target, plan = joining()
     await join(plan, source, target, wait=False, report=lambda _: None)

@@ -6,7 +6,8 @@ In this order, each step once the one before has finished:
    and copies it made in the target and the virtual node, with the credentials it still holds.
    unjoin waits until the virtual node is gone, since deleting the Secret or the Source first
    would take those credentials away and leave delegates running in the target;
-2. the kubeconfig Secret in the source, if join or export wrote it and no other Target uses it;
+2. the kubeconfig Secret in the source, if join or export wrote it and no other Target (of
+   either kind) uses it;
 3. the Source (or ClusterSource) in the target. The target's agent made its service account
    and bindings, and Kubernetes deletes them with it;
 4. the token Secret that export made in the target for that service account. Deleting it
@@ -143,10 +144,26 @@ async def source_side(
     listed, _ = await source.call(
         f"list {resource.kind}s", source.client.list(resource, plan.namespace), resource=resource
     )
-    users = secret_users(listed, name, namespace, plan.target_name)
+    users = [
+        f"{resource.kind} {u}" for u in secret_users(listed, name, namespace, plan.target_name)
+    ]
+    # Targets of the other kind may use it too: ClusterTargets name a Secret of any namespace,
+    # and a namespace's Targets one of their own (the namespace a ClusterTarget's Secret is in).
+    other = TARGETS if plan.cluster_scoped else CLUSTER_TARGETS
+    try:
+        others, _ = await source.call(
+            f"list {other.kind}s",
+            source.client.list(other, namespace if other.namespaced else None),
+            resource=other,
+        )
+    except ConnectError as e:
+        if not isinstance(e.__cause__, Forbidden):
+            raise
+        others = []  # a namespace's tenant may not read ClusterTargets: none is theirs to keep
+    users += [f"{other.kind} {user}" for user in secret_users(others, name, namespace, "")]
     if users:
         verb = "uses" if len(users) == 1 else "use"
-        report(f"{where} kept in {source.name}: {resource.kind} {', '.join(users)} {verb} it too")
+        report(f"{where} kept in {source.name}: {', '.join(users)} {verb} it too")
     else:
         found.append(Doomed(source, SECRETS, secret))
     return found, target
