@@ -110,7 +110,11 @@ def main(argv: list[str] | None = None, prog: str = "multicluster-scheduler") ->
         parser.print_help(sys.stderr)
         return 2
     module, _ = COMMANDS[args.command]
-    return module.main(args)
+    try:
+        return module.main(args)
+    except KeyboardInterrupt:  # what a command made is rolled back first (join)
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def kubectl_plugin() -> int:

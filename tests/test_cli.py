@@ -138,3 +138,14 @@ def test_every_option_says_what_it_does_and_its_default(command: str):
             assert line.startswith(
                 ("  multicluster-scheduler ", "  kubectl ", "      ", "  MCS_")
             ), line
+
+
+def test_an_interrupted_command_says_so_and_exits_130(monkeypatch, capsys):
+    from multicluster_scheduler.connect import unjoin
+
+    def interrupted(_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(unjoin, "main", interrupted)
+    assert main(["unjoin", "--source-context", "a", "--target-context", "b"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"

@@ -325,7 +325,4 @@ def main(args: argparse.Namespace) -> int:
     except ConnectError as e:
         say(f"error: {e}", sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     return 0
