@@ -29,7 +29,9 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from multicluster import (
@@ -47,7 +49,14 @@ from multicluster.errors import ServerError, TooManyRequests
 from multicluster.pki import KeyPair
 from multicluster.resources import NAMESPACES, NODES
 
-from .api.ingresses import DEFAULT_REFUSED_ANNOTATIONS
+from .api.ingresses import (
+    DEFAULT_REFUSED_ANNOTATIONS,
+    ClassPolicy,
+    IngressPolicy,
+    annotation_pattern,
+    class_name,
+    host_pattern,
+)
 from .api.summary import slim_node
 from .follow.controller import Follow
 from .scheduler.controller import Scheduler, proxy_informer
@@ -213,10 +222,32 @@ class AgentSettings(BaseModel):
         description="regular expression of node label keys left out of the ClusterSummary's "
         "node groups",
     )
+    ingress_allowed_annotations: list[str] = Field(
+        default_factory=list,
+        description="annotation key, * for any run of characters, that Ingresses may carry "
+        "into targets (repeatable, or comma-separated); an Ingress with any other is not "
+        "copied. Default: none but multicluster.admiralty.io/ keys",
+        json_schema_extra={"flag": "--ingress-allowed-annotation", "metavar": "PATTERN"},
+    )
     ingress_refused_annotations: str | None = Field(
         DEFAULT_REFUSED_ANNOTATIONS,
         description="regular expression: an Ingress with an annotation whose key it matches is "
-        "not copied to targets (raw configuration of their ingress controllers); empty: none",
+        "not copied to targets, even if allowed (raw configuration of their ingress "
+        "controllers); empty: none",
+    )
+    ingress_class_policy: ClassPolicy = Field(
+        ClassPolicy.REFUSE,
+        description="what becomes of an Ingress's class in its copies: keep; refuse (not "
+        "copied if it has a class other than --ingress-class); rewrite (to --ingress-class)",
+    )
+    ingress_class: str | None = Field(
+        None, description="the class allowed (policy refuse) or written (policy rewrite)"
+    )
+    ingress_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="host an Ingress may route in targets: a name, *.<domain> (its "
+        "subdomains), or * (any, and none) (repeatable, or comma-separated); default: none",
+        json_schema_extra={"flag": "--ingress-allowed-host", "metavar": "HOST"},
     )
     max_targets_per_namespace: NonNegativeInt = Field(
         DEFAULT_MAX_PER_NAMESPACE,
@@ -243,6 +274,36 @@ class AgentSettings(BaseModel):
             except re.error as e:
                 raise ValueError(f"not a regular expression: {e}") from e
         return value or None
+
+    @field_validator("ingress_allowed_annotations", "ingress_allowed_hosts")
+    @classmethod
+    def _patterns(cls, values: list[str], info: ValidationInfo) -> list[str]:
+        check = (
+            annotation_pattern if info.field_name == "ingress_allowed_annotations" else host_pattern
+        )
+        listed = [item.strip() for value in values for item in value.split(",")]
+        return [check(item) for item in listed if item]
+
+    @field_validator("ingress_class")
+    @classmethod
+    def _class(cls, value: str | None) -> str | None:
+        return class_name(value) if value else None
+
+    @model_validator(mode="after")
+    def _ingress_policy(self) -> AgentSettings:
+        if self.ingress_class_policy is ClassPolicy.REWRITE and not self.ingress_class:
+            raise ValueError("--ingress-class-policy=rewrite needs --ingress-class")
+        return self
+
+    def ingress_policy(self) -> IngressPolicy:
+        """What Ingresses may carry into targets (docs/services.md)."""
+        return IngressPolicy(
+            allowed_annotations=tuple(self.ingress_allowed_annotations),
+            refused_annotations=self.ingress_refused_annotations,
+            class_policy=self.ingress_class_policy,
+            ingress_class=self.ingress_class,
+            allowed_hosts=tuple(self.ingress_allowed_hosts),
+        )
 
     @field_validator(*DURATIONS, mode="before")
     @classmethod
@@ -300,7 +361,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = field.description or ""
         help_text += f" (default: {shown}; ${variable})" if shown else f" (${variable})"
         value = os.environ.get(variable)
-        metavar = _metavar(name, field.annotation)
+        metavar = str(extra.get("metavar") or _metavar(name, field.annotation))
         if field.annotation == list[str]:
             listed = [v for v in (value or "").split(",") if v]
             parser.add_argument(
@@ -443,7 +504,6 @@ async def add_controllers(
     pods = PodSync(cluster, lookup)
     manager.add_runnable(EventReflector(cluster, lookup).run, needs_leader=True)
     excluded = (settings.namespace,)
-    refused = settings.ingress_refused_annotations
     services = ServiceSync(
         cluster, registry, cluster_name=cluster_name, excluded_namespaces=excluded
     )
@@ -452,7 +512,7 @@ async def add_controllers(
         registry,
         cluster_name=cluster_name,
         excluded_namespaces=excluded,
-        refused=re.compile(refused) if refused else None,
+        policy=settings.ingress_policy(),
     )
     for controller in (
         *follow.controllers,

@@ -13,14 +13,16 @@ Service it names becomes global or stops being global, appears or goes (Ingresse
 by the Services they name). As for Services, only Ingresses of namespaces labelled
 ``multicluster-scheduler=enabled`` are copied: a tenant of a namespace that never opted in
 writes nothing into targets through us. Copies made by another source (``is-delegate``) are
-never copied again. An Ingress with an annotation the agent refuses (raw configuration of an
-ingress controller, URLs it would call, a Secret of another namespace:
-:func:`..api.ingresses.refused_annotations`) is not copied, and a Warning event on it says why.
+never copied again. An Ingress that carries what the operator does not allow into targets (an
+annotation, a class, a host: :func:`..api.ingresses.refusals` under the chart's
+:class:`..api.ingresses.IngressPolicy`) is not copied, its copies are deleted, and Warning
+events on it say what was refused and which chart value would allow it; once it is allowed, by
+a change of the Ingress or of the policy (the agent looks at every Ingress when it starts), it
+is copied again.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Unpack
 
@@ -28,12 +30,15 @@ from multicluster import Cluster, EnqueueMapped, Request, Result
 from multicluster.informer import ADDED, DELETED, MODIFIED, strip_managed_fields
 from multicluster.resources import INGRESSES, SERVICES
 
-from ..api import ingresses as ingresses_api
 from ..api.ingresses import (
+    IngressCopyRules,
+    IngressPolicy,
+    Refusal,
     backend_services,
     follows,
     ingress_reference,
-    refused_annotations,
+    refusal_messages,
+    refusals,
 )
 from ..api.services import is_global
 from ..targets.registry import TargetRegistry
@@ -41,7 +46,6 @@ from .copies import CopyKind
 from .sync import CopySync, SyncOptions
 
 BACKEND_INDEX = "backend-services"
-INGRESS_COPIES = CopyKind(INGRESSES, ingresses_api)
 
 
 def by_backend_service(ingress: dict) -> Iterable[str]:
@@ -64,11 +68,12 @@ class IngressSync(CopySync):
         local: Cluster,
         registry: TargetRegistry,
         *,
-        refused: re.Pattern[str] | None = None,
+        policy: IngressPolicy | None = None,
         **options: Unpack[SyncOptions],
     ) -> None:
-        self.refused = refused
-        super().__init__(INGRESS_COPIES, local, registry, to_copy=self._follows, **options)
+        self.policy = policy if policy is not None else IngressPolicy()
+        kind = CopyKind(INGRESSES, IngressCopyRules(self.policy))
+        super().__init__(kind, local, registry, to_copy=self._follows, **options)
         self.ingresses = self.originals
         self.ingresses.add_indexer(BACKEND_INDEX, by_backend_service)
         # The same informer as the services controller's: one watch of Services.
@@ -89,25 +94,14 @@ class IngressSync(CopySync):
         )
 
     def _follows(self, ingress: dict) -> bool:
-        return self._routes_to_global(ingress) and not refused_annotations(ingress, self.refused)
+        return self._routes_to_global(ingress) and not refusals(ingress, self.policy)
 
-    def _say_refused(self, ingress: dict | None, routes: bool) -> None:
-        """A Warning on an Ingress that would follow but for refused annotations (said again,
-        it is counted; other annotations refused, another Warning)."""
-        if ingress is None:
-            return
-        refused = refused_annotations(ingress, self.refused) if routes else []
-        if not refused:
-            return
-        self.events.emit(
-            ingress_reference(ingress),
-            "Warning",
-            "AnnotationRefused",
-            f"not copied to targets: annotation {', '.join(refused)} would configure the "
-            "ingress controllers of target clusters beyond routing to this namespace's "
-            "Services (refused by chart value ingresses.refusedAnnotations, agent flag "
-            "--ingress-refused-annotations; a Secret of another namespace is always refused)",
-        )
+    def _say_refused(self, ingress: dict, found: list[Refusal]) -> None:
+        """Warnings on an Ingress that would follow but for what it carries, one per rule that
+        refused (said again, they are counted; something else refused, another Warning)."""
+        reference = ingress_reference(ingress)
+        for reason, message in refusal_messages(found, self.policy):
+            self.events.emit(reference, "Warning", reason, message)
 
     def _ingresses_naming(self, _cluster: str, service: dict) -> list[Request]:
         meta = service["metadata"]
@@ -130,6 +124,9 @@ class IngressSync(CopySync):
             and self.enabled.get(namespace) is not None
             and self._routes_to_global(ingress)
         )
-        self._say_refused(ingress, routes)
-        wanted = routes and ingress is not None and not refused_annotations(ingress, self.refused)
+        wanted = False
+        if routes and ingress is not None:
+            found = refusals(ingress, self.policy)
+            self._say_refused(ingress, found)
+            wanted = not found
         return await self.copies.reconcile(namespace, name, ingress, wanted)

@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from multicluster_scheduler import agent
+from multicluster_scheduler.api.ingresses import ClassPolicy, IngressPolicy
 from multicluster_scheduler.cli import main
 
 
@@ -84,3 +85,53 @@ def test_every_setting_is_a_flag_and_a_variable_with_its_help_and_default(monkey
     monkeypatch.setenv("MCS_CLIENT_QPS", "5")
     settings = parse(["--namespace", "from-flag"])
     assert (settings.namespace, settings.client_qps) == ("from-flag", 5.0)
+
+
+def test_the_charts_ingress_flags_make_the_policy(monkeypatch):
+    """The chart passes each allowed annotation and host as a flag of its own; in the
+    environment they are comma-separated."""
+    monkeypatch.setenv("MCS_NAMESPACE", "admiralty")
+    policy = parse([]).ingress_policy()
+    assert policy == IngressPolicy(), "nothing allowed, any class refused"
+    settings = parse(
+        [
+            "--ingress-allowed-annotation=nginx.ingress.kubernetes.io/rewrite-target",
+            "--ingress-allowed-annotation=nginx.ingress.kubernetes.io/proxy-*,example.com/a",
+            "--ingress-allowed-host=*.apps.example.com",
+            "--ingress-class-policy=rewrite",
+            "--ingress-class=public",
+            "--ingress-refused-annotations=",
+        ]
+    )
+    assert settings.ingress_policy() == IngressPolicy(
+        allowed_annotations=(
+            "nginx.ingress.kubernetes.io/rewrite-target",
+            "nginx.ingress.kubernetes.io/proxy-*",
+            "example.com/a",
+        ),
+        refused_annotations=None,
+        class_policy=ClassPolicy.REWRITE,
+        ingress_class="public",
+        allowed_hosts=("*.apps.example.com",),
+    )
+    monkeypatch.setenv("MCS_INGRESS_ALLOWED_HOSTS", "a.example.com,*.b.example.com")
+    assert parse([]).ingress_allowed_hosts == ["a.example.com", "*.b.example.com"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--ingress-class-policy=rewrite"],
+            "--ingress-class-policy=rewrite needs --ingress-class",
+        ),
+        (["--ingress-class-policy=drop"], "--ingress-class-policy"),
+        (["--ingress-allowed-annotation=(?i)snippet"], "not an annotation key"),
+        (["--ingress-allowed-host=*example.com"], "not a lowercase host name"),
+        (["--ingress-class=Public"], "not the name of an IngressClass"),
+    ],
+)
+def test_bad_ingress_settings_are_refused_with_the_reason(flags, message, capsys, monkeypatch):
+    monkeypatch.delenv("MCS_NAMESPACE", raising=False)
+    assert main(["agent", "--namespace", "a", *flags]) == 2
+    assert message in capsys.readouterr().err

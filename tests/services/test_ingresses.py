@@ -5,7 +5,6 @@ an event of a Service concerns. Pure: no cluster."""
 from __future__ import annotations
 
 import copy
-import re
 
 import orjson
 from hypothesis import given
@@ -17,14 +16,14 @@ from multicluster.testing import merge_patch
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.copies import LAST_APPLIED, MANAGED_KEYS, finalizer_patch
 from multicluster_scheduler.api.ingresses import (
-    DEFAULT_REFUSED_ANNOTATIONS,
     MARKS,
+    ClassPolicy,
+    IngressPolicy,
     backend_services,
     copy_differs,
     copy_update,
     desired_copy,
     follows,
-    refused_annotations,
 )
 from multicluster_scheduler.api.parents import is_copy_of
 from multicluster_scheduler.services.ingresses import BACKEND_INDEX, IngressSync, global_changed
@@ -321,9 +320,9 @@ def test_an_updated_copy_is_current_and_keeps_what_the_target_added(services, be
 # -- which Ingresses an event concerns ----------------------------------------------------------
 
 
-def sync() -> IngressSync:
+def sync(policy: IngressPolicy | None = None) -> IngressSync:
     local = Cluster("local", ClusterConfig("https://127.0.0.1:1", None))
-    return IngressSync(local, TargetRegistry(), cluster_name=CLUSTER)
+    return IngressSync(local, TargetRegistry(), cluster_name=CLUSTER, policy=policy)
 
 
 async def test_a_service_event_concerns_the_ingresses_that_name_it():
@@ -346,53 +345,27 @@ async def test_a_service_event_concerns_the_ingresses_that_name_it():
     assert made.ingresses.by_index(BACKEND_INDEX, "ns/api")
 
 
-def test_annotations_that_configure_ingress_controllers_are_refused():
-    snippets = re.compile(DEFAULT_REFUSED_ANNOTATIONS)
-    raw = ingress(
-        "nginx",
-        **{
-            "nginx.ingress.kubernetes.io/server-snippet": "x",
-            "nginx.ingress.kubernetes.io/configuration-snippet": "y",
-            "nginx.ingress.kubernetes.io/rewrite-target": "/",
-        },
-    )
-    assert refused_annotations(raw, snippets) == [
-        "nginx.ingress.kubernetes.io/configuration-snippet",
-        "nginx.ingress.kubernetes.io/server-snippet",
-    ]
-    assert refused_annotations(raw, None) == []
-    assert refused_annotations(ingress("nginx", foo="snippet"), snippets) == [], "keys only"
-    urls = ingress(
-        "nginx",
-        **{
-            "nginx.ingress.kubernetes.io/auth-url": "http://169.254.169.254/latest",
-            "nginx.ingress.kubernetes.io/mirror-target": "http://10.0.0.1",
-            "nginx.ingress.kubernetes.io/Configuration-Snippet": "x",
-        },
-    )
-    assert len(refused_annotations(urls, snippets)) == 3, "URLs it calls; any case"
-
-
-def test_a_secret_of_another_namespace_is_always_refused():
-    theirs = ingress(
-        "nginx",
-        **{
-            "nginx.ingress.kubernetes.io/auth-tls-secret": "kube-system/ca",
-            "nginx.ingress.kubernetes.io/proxy-ssl-secret": "ns/client",  # its own namespace
-            "nginx.ingress.kubernetes.io/auth-secret": "basic",  # its own namespace
-        },
-    )
-    assert refused_annotations(theirs, None) == ["nginx.ingress.kubernetes.io/auth-tls-secret"]
-
-
-async def test_an_ingress_with_a_refused_annotation_does_not_follow():
-    made = sync()
-    made.refused = re.compile(DEFAULT_REFUSED_ANNOTATIONS)
+async def test_an_ingress_the_policy_refuses_does_not_follow():
+    made = sync(IngressPolicy(allowed_hosts=("*.example.com",)))
     made.services.store.put("ns/nginx", svc("nginx"))
-    assert made._follows(ingress("nginx"))
-    raw = ingress("nginx", **{"nginx.ingress.kubernetes.io/auth-snippet": "x"})
+    classless = ingress("nginx")
+    del classless["spec"]["ingressClassName"]
+    assert made._follows(classless)
+    assert made._routes_to_global(ingress("nginx"))
+    assert not made._follows(ingress("nginx")), "a class, refused by default"
+    raw = copy.deepcopy(classless)
+    raw["metadata"]["annotations"]["nginx.ingress.kubernetes.io/auth-snippet"] = "x"
     assert made._routes_to_global(raw)
     assert not made._follows(raw)
+
+
+async def test_the_copies_of_a_policy_that_rewrites_the_class_carry_it():
+    policy = IngressPolicy(
+        class_policy=ClassPolicy.REWRITE, ingress_class="public", allowed_hosts=("*",)
+    )
+    made = sync(policy)
+    body = made.copies.kind.rules.desired_copy(ingress("nginx"), CLUSTER)
+    assert body["spec"]["ingressClassName"] == "public"
 
 
 def test_services_matter_when_they_become_or_stop_being_global():
