@@ -4,8 +4,10 @@ and uninstalling leaves nothing of ours behind."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -16,6 +18,8 @@ import yaml
 from e2e.cluster import TestBed, wait_for
 from e2e.cluster.install import CHART, NAMESPACE, RELEASE, Installation
 from e2e.kubectl import Kubectl
+from multicluster_scheduler import agent
+from multicluster_scheduler.api.ingresses import ClassPolicy, IngressPolicy
 
 CONTEXTS = ("cluster1", "cluster2")
 
@@ -58,6 +62,10 @@ def test_helm_template_needs_no_flags_and_old_clusters_are_refused(bin_dir):
         ("agent.leaderElection.leaseDuration=15 seconds", "does not match pattern"),
         ("webhook.url=http://127.0.0.1:9/m", "does not match pattern"),
         ("targets.maxPerNamespace=-1", "minimum"),
+        ("ingresses.allowedAnnotations={(?i)snippet}", "does not match pattern"),
+        ("ingresses.allowedHosts={*example.com}", "does not match pattern"),
+        ("ingresses.ingressClass.policy=drop", "value must be one of 'keep', 'refuse', 'rewrite'"),
+        ("ingresses.ingressClass.policy=rewrite", "ingressClass/name"),
     ],
 )
 def test_values_are_checked(bin_dir, value, said):
@@ -65,6 +73,60 @@ def test_values_are_checked(bin_dir, value, said):
     proc = helm(bin_dir, "template", RELEASE, str(CHART), "--set", value)
     assert proc.returncode != 0
     assert said in proc.stderr
+
+
+def agent_args(docs: list[dict]) -> list[str]:
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_ingress_values_become_the_agents_flags(bin_dir, tmp_path):
+    """Each allowed annotation and host is a flag of its own, which the agent reads back into
+    its policy; the values of an older chart (what ``helm upgrade --reuse-values`` keeps, without
+    the newer keys) render the defaults."""
+    args = agent_args(
+        render(
+            bin_dir,
+            "ingresses.allowedAnnotations={nginx.ingress.kubernetes.io/rewrite-target,a.example/*}",
+            "ingresses.allowedHosts={*.apps.example.com,shop.example.com}",
+            "ingresses.ingressClass.policy=rewrite",
+            "ingresses.ingressClass.name=public",
+        )
+    )
+    assert [a for a in args if a.startswith("--ingress")] == [
+        "--ingress-refused-annotations=(?i)snippet|auth-url|auth-signin|mirror-(target|host|uri)",
+        "--ingress-allowed-annotation=nginx.ingress.kubernetes.io/rewrite-target",
+        "--ingress-allowed-annotation=a.example/*",
+        "--ingress-class-policy=rewrite",
+        "--ingress-class=public",
+        "--ingress-allowed-host=*.apps.example.com",
+        "--ingress-allowed-host=shop.example.com",
+    ]
+    parser = argparse.ArgumentParser()
+    agent.add_arguments(parser)
+    policy = agent.settings_from(parser.parse_args(args[1:])).ingress_policy()
+    assert policy == IngressPolicy(
+        allowed_annotations=("nginx.ingress.kubernetes.io/rewrite-target", "a.example/*"),
+        class_policy=ClassPolicy.REWRITE,
+        ingress_class="public",
+        allowed_hosts=("*.apps.example.com", "shop.example.com"),
+    )
+
+    older = tmp_path / "chart"
+    shutil.copytree(CHART, older)
+    values = yaml.safe_load((older / "values.yaml").read_text())
+    values["ingresses"] = {
+        k: v
+        for k, v in values["ingresses"].items()
+        if k in ("refusedAnnotations", "sourcesMayWrite")
+    }
+    (older / "values.yaml").write_text(yaml.safe_dump(values))
+    argv = ["template", RELEASE, str(older), "-n", NAMESPACE, "--kube-version", "1.36.0"]
+    proc = helm(bin_dir, *argv)
+    assert proc.returncode == 0, proc.stderr
+    args = agent_args([d for d in yaml.safe_load_all(proc.stdout) if d])
+    policy = agent.settings_from(parser.parse_args(args[1:])).ingress_policy()
+    assert policy == IngressPolicy(), "the defaults: nothing allowed"
 
 
 def test_notes_say_what_to_do_next(installation: Installation):
