@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from e2e.cluster import TestBed, wait_for
+from e2e.cluster.install import Installation
 from e2e.kubectl import Kubectl
 from e2e.test_scheduling import REGION, all_running, guide, regions  # noqa: F401
 from e2e.topology import SOURCE, TARGET
@@ -29,10 +30,21 @@ COPIES = {
 }
 
 
+@pytest.fixture(scope="module")
+def installation(testbed: TestBed):
+    """The chart's defaults copy no Ingress until its hosts are allowed (docs/services.md)."""
+    install = Installation(testbed, agent_args=("--ingress-allowed-host=*.example.com",))
+    install.install()
+    install.start_agents()
+    yield install
+    if install.installed:
+        install.uninstall()
+
+
 def workload(namespace: str) -> str:
     """A Deployment of one elected pod placed in cluster2 (region eu), reading a config map and
     a secret; a Service that selects it (rerouted, made global: copied); an Ingress routing to
-    that Service (copied with it)."""
+    that Service (copied with it: no class, a host the agent allows)."""
     return f"""apiVersion: v1
 kind: ConfigMap
 metadata:
@@ -94,7 +106,6 @@ metadata:
   name: web
   namespace: {namespace}
 spec:
-  ingressClassName: made-up
   rules:
   - host: web.example.com
     http:

@@ -1,12 +1,15 @@
 """The guide's "Service Reroute and Globalization" on the test bed: a Service that selects proxy
 pods is rerouted to their delegates and made global, copies follow it into cluster2 and go away
 with it; global Services of users are copied too, and a Service of cluster2 that is not ours is
-never overwritten."""
+never overwritten. Ingresses that route to global Services follow them, carrying only what the
+operator of cluster1 allows: a tenant with ``edit`` there configures nothing else in cluster2."""
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.request
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -408,8 +411,51 @@ def annotation(obj: dict | None, key: str) -> str | None:
     return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(key)
 
 
-def test_an_ingress_follows_the_guides_service_into_cluster2(guide, kubectl: Kubectl):
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def source_policy(installation: Installation) -> Iterator[Callable[..., None]]:
+    """``configure(ingress_allowed_hosts="*.example.com", ...)``: cluster1's agent started again
+    with these settings in its environment (``MCS_INGRESS_ALLOWED_HOSTS``: the chart's
+    ``ingresses.*`` values as flags would be, but an agent that has no such setting runs as it
+    always did); as it was before, afterwards."""
+    agent = installation.agents[SOURCE][0]
+    before = dict(agent.env)
+
+    def restart(env: dict[str, str]) -> None:
+        installation.hold(agent)  # SIGKILL; the keeper starts it again once released
+        agent.env = env
+        installation.release(agent)
+        port = installation.health_ports[SOURCE][0]
+        wait_for(lambda: _ready(port), 60, what="cluster1's agent ready again")
+
+    def configure(**settings: str) -> None:
+        restart(before | {f"MCS_{k.upper()}": v for k, v in settings.items()})
+
+    yield configure
+    if agent.env != before:
+        restart(before)
+
+
+# What the mechanics below need allowed (the defaults refuse any class, and every host).
+FOLLOW = {
+    "ingress_allowed_annotations": "foo",
+    "ingress_allowed_hosts": "*.example.com",
+    "ingress_class_policy": "keep",
+}
+
+
+def test_an_ingress_follows_the_guides_service_into_cluster2(
+    guide, kubectl: Kubectl, source_policy
+):
     namespace = guide
+    source_policy(**FOLLOW)
     # The Ingresses first: the one naming nginx follows once the Service becomes global.
     kubectl.apply(SOURCE, INGRESSES, "-n", namespace)
     kubectl.apply(SOURCE, nginx(replicas=4), "-n", namespace)
@@ -533,10 +579,11 @@ def test_an_ingress_follows_the_guides_service_into_cluster2(guide, kubectl: Kub
 
 
 def test_an_ingress_of_a_namespace_no_target_serves_is_not_copied(
-    guide, testbed: TestBed, kubectl: Kubectl
+    guide, testbed: TestBed, kubectl: Kubectl, source_policy
 ):
     """c2 is a Target of ``guide``'s namespace: an enabled namespace next to it, with a global
     Service and an Ingress naming it, reaches nothing in cluster2."""
+    source_policy(**FOLLOW)
     other = f"{guide}x"
     for context in testbed.clusters:
         kubectl(context, "create", "namespace", other)
@@ -560,3 +607,233 @@ def test_an_ingress_of_a_namespace_no_target_serves_is_not_copied(
     finally:
         for context in testbed.clusters:
             kubectl(context, "delete", "namespace", other, "--wait=false")
+
+
+# -- what an Ingress may carry into targets ------------------------------------------------------
+
+NGINX = "nginx.ingress.kubernetes.io/"
+SHOP = """apiVersion: v1
+kind: Service
+metadata:
+  name: shop
+  annotations:
+    multicluster.admiralty.io/global: "true"
+spec:
+  selector:
+    app: shop
+  ports:
+  - port: 80
+"""
+
+
+def ingress_manifest(
+    name: str,
+    *hosts: str | None,
+    ingress_class: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict:
+    """An Ingress routing ``hosts`` (default ``<name>.example.com``; None: a rule for every
+    host) to the global Service ``shop``."""
+    backend = {"service": {"name": "shop", "port": {"number": 80}}}
+    rules = []
+    for host in hosts or (f"{name}.example.com",):
+        rule: dict = {"http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}}
+        if host is not None:
+            rule["host"] = host
+        rules.append(rule)
+    made: dict = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {"rules": rules},
+    }
+    if ingress_class is not None:
+        made["spec"]["ingressClassName"] = ingress_class
+    return made
+
+
+def as_tenant(kubectl: Kubectl, namespace: str) -> str:
+    """``mallory``, bound to the cluster's own ``edit`` role in ``namespace`` of cluster1 only:
+    the ``--as`` flag that acts as her."""
+    kubectl(
+        SOURCE, "create", "rolebinding", "mallory-edit", "--clusterrole=edit", "--user=mallory",
+        "-n", namespace,
+    )  # fmt: skip
+    return "--as=mallory"
+
+
+def copied_ingresses(kubectl: Kubectl, namespace: str) -> set[str]:
+    return {
+        i["metadata"]["name"]
+        for i in kubectl.json(TARGET, "get", "ingresses", "-n", namespace)["items"]
+    }
+
+
+def test_a_tenant_with_edit_in_cluster1_configures_nothing_else_in_cluster2(
+    guide, kubectl: Kubectl, source_policy
+):
+    """Each Ingress carries one thing that would configure cluster2's ingress controllers beyond
+    routing this namespace's hosts to its Services; the operator of cluster1 allowed hosts under
+    example.com and nothing else. Only the Ingress that carries nothing else is copied; each
+    other one gets a Warning naming what was refused. (Upstream, and this agent before its allow
+    lists, copied them all: only the snippets and URLs of a block list were refused.)"""
+    namespace = guide
+    source_policy(ingress_allowed_hosts="*.example.com")
+    mallory = as_tenant(kubectl, namespace)
+    kubectl.apply(SOURCE, SHOP, "-n", namespace, mallory)
+    attacks = {
+        # a ConfigMap of kube-system, and of another tenant, as headers sent upstream
+        "custom-headers": (
+            {"annotations": {NGINX + "custom-headers": "kube-system/kubeadm-config"}},
+            "AnnotationRefused",
+            NGINX + "custom-headers",
+        ),
+        "auth-headers": (
+            {"annotations": {NGINX + "auth-proxy-set-headers": "team-b/headers"}},
+            "AnnotationRefused",
+            NGINX + "auth-proxy-set-headers",
+        ),
+        # a Traefik middleware of kube-system
+        "middleware": (
+            {
+                "annotations": {
+                    "traefik.ingress.kubernetes.io/router.middlewares": (
+                        "kube-system-admin-auth@kubernetescrd"
+                    )
+                }
+            },
+            "AnnotationRefused",
+            "traefik.ingress.kubernetes.io/router.middlewares",
+        ),
+        # another tenant's host, by a rule, by an alias, or every host at once
+        "other-host": (
+            {"hosts": ("bank.other-tenant.test",)},
+            "HostRefused",
+            "bank.other-tenant.test",
+        ),
+        "alias": (
+            {"annotations": {NGINX + "server-alias": "bank.other-tenant.test"}},
+            "AnnotationRefused",
+            NGINX + "server-alias",
+        ),
+        "every-host": ({"hosts": (None,)}, "HostRefused", "(none: every host)"),
+        # redirects to the cloud's metadata address; Host headers of kube-system's Services
+        "redirect": (
+            {
+                "annotations": {
+                    NGINX + "proxy-redirect-from": "default",
+                    NGINX + "proxy-redirect-to": "http://169.254.169.254/",
+                }
+            },
+            "AnnotationRefused",
+            NGINX + "proxy-redirect-to",
+        ),
+        "vhost": (
+            {"annotations": {NGINX + "upstream-vhost": "vault.kube-system.svc.cluster.local"}},
+            "AnnotationRefused",
+            NGINX + "upstream-vhost",
+        ),
+        # a class of cluster2 the tenant picks (an internal controller, say), both ways
+        "class": ({"ingress_class": "nginx-internal"}, "IngressClassRefused", "nginx-internal"),
+        "class-annotation": (
+            {"annotations": {"kubernetes.io/ingress.class": "nginx-internal"}},
+            "IngressClassRefused",
+            "nginx-internal",
+        ),
+    }
+    items = [ingress_manifest("fine")]
+    for name, (options, _, _) in attacks.items():
+        options = dict(options)
+        items.append(ingress_manifest(name, *options.pop("hosts", ()), **options))
+    listed = {"apiVersion": "v1", "kind": "List", "items": items}
+    kubectl.apply(SOURCE, listed, "-n", namespace, mallory)
+
+    # The Ingress that carries nothing refused is copied: the controller is at work.
+    wait_for(lambda: ingress(kubectl, TARGET, namespace, "fine"), 30, what="fine copied")
+
+    def looked_at() -> bool:
+        copied = copied_ingresses(kubectl, namespace)
+        return all(
+            name in copied or events(kubectl, namespace, name, reason)
+            for name, (_, reason, _) in attacks.items()
+        )
+
+    wait_for(looked_at, 30, what="every Ingress copied or warned about")
+    time.sleep(2)
+    copied = copied_ingresses(kubectl, namespace)
+    assert copied == {"fine"}, f"copied into cluster2: {sorted(copied - {'fine'})}"
+    for name, (_, reason, said) in attacks.items():
+        warning = events(kubectl, namespace, name, reason)[0]
+        assert warning["type"] == "Warning"
+        assert said in warning["message"], (name, warning["message"])
+        meta = ingress(kubectl, SOURCE, namespace, name)["metadata"]
+        assert FINALIZER not in (meta.get("finalizers") or ()), f"{name} holds a finalizer"
+    kubectl(SOURCE, "delete", "ingresses,services", "--all", "-n", namespace, "--timeout=30s")
+
+
+def test_what_the_operator_allows_is_copied_and_what_it_stops_allowing_goes(
+    guide, kubectl: Kubectl, source_policy
+):
+    """An allowed annotation is copied and the operator's class lands on the copy; an allowed
+    key whose value names another namespace, or a host the operator does not allow, takes the
+    copy away until the tenant takes it back; the operator allowing less takes it away too."""
+    namespace = guide
+    source_policy(
+        ingress_allowed_annotations=f"{NGINX}rewrite-target,{NGINX}custom-headers",
+        ingress_allowed_hosts="*.example.com",
+        ingress_class_policy="rewrite",
+        ingress_class="public",
+    )
+    mallory = as_tenant(kubectl, namespace)
+    kubectl.apply(SOURCE, SHOP, "-n", namespace, mallory)
+    web = ingress_manifest(
+        "web", ingress_class="made-up", annotations={NGINX + "rewrite-target": "/"}
+    )
+    kubectl.apply(SOURCE, web, "-n", namespace, mallory)
+
+    copy = wait_for(lambda: ingress(kubectl, TARGET, namespace, "web"), 30, what="web copied")
+    assert annotation(copy, NGINX + "rewrite-target") == "/"
+    assert copy["spec"]["ingressClassName"] == "public", "the operator's class"
+    assert copy["spec"]["rules"] == web["spec"]["rules"]
+    original = ingress(kubectl, SOURCE, namespace, "web")
+    assert original["spec"]["ingressClassName"] == "made-up", "the original is left as it is"
+
+    def gone_with(reason: str, said: str) -> dict:
+        wait_for(lambda: ingress(kubectl, TARGET, namespace, "web") is None, 30, what="copy gone")
+        return wait_for(
+            lambda: [e for e in events(kubectl, namespace, "web", reason) if said in e["message"]],
+            30,
+            what=f"a {reason} event saying {said}",
+        )[0]
+
+    # An allowed key, naming another namespace's ConfigMap: refused; this namespace's: copied.
+    headers = NGINX + "custom-headers"
+    annotate = ("annotate", "ingress", "web", "-n", namespace, "--overwrite", mallory)
+    kubectl(SOURCE, *annotate, f"{headers}=kube-system/kubeadm-config")
+    warning = gone_with("AnnotationRefused", f"{headers} names namespace kube-system")
+    assert "no chart value allows" in warning["message"]
+    kubectl(SOURCE, *annotate, f"{headers}={namespace}/headers")
+    copy = wait_for(
+        lambda: annotation(ingress(kubectl, TARGET, namespace, "web"), headers),
+        30,
+        what="copied again, with this namespace's ConfigMap",
+    )
+
+    # A host the operator did not allow, added: the copy goes; taken back: it comes back.
+    patch = ("patch", "ingress", "web", "-n", namespace, "--type=json", mallory, "-p")
+    rule = {"op": "add", "path": "/spec/rules/-", "value": {"host": "bank.other-tenant.test"}}
+    kubectl(SOURCE, *patch, json.dumps([rule]))
+    warning = gone_with("HostRefused", "bank.other-tenant.test")
+    assert "ingresses.allowedHosts" in warning["message"]
+    kubectl(SOURCE, *patch, json.dumps([{"op": "remove", "path": "/spec/rules/1"}]))
+    wait_for(lambda: ingress(kubectl, TARGET, namespace, "web"), 30, what="copied again")
+
+    # The operator allows less (hosts only, the default class policy): the agent deletes, when
+    # it starts, the copy it would no longer make, and says why.
+    source_policy(ingress_allowed_hosts="*.example.com")
+    warning = gone_with("AnnotationRefused", "ingresses.allowedAnnotations")
+    assert NGINX + "rewrite-target" in warning["message"]
+    assert events(kubectl, namespace, "web", "IngressClassRefused")
+    meta = ingress(kubectl, SOURCE, namespace, "web")["metadata"]
+    assert FINALIZER not in (meta.get("finalizers") or ()), "released"
+    kubectl(SOURCE, "delete", "ingresses,services", "--all", "-n", namespace, "--timeout=30s")
