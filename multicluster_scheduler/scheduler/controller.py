@@ -1,7 +1,8 @@
 """The proxy scheduler (leader only): places unbound proxy pods in targets, many at once.
 
-For each unbound proxy pod: filter and score the targets on their summaries (no API call), create
-the delegate in the best one, and let that target's own scheduler decide. ``PodScheduled=True``
+For each unbound proxy pod whose saved manifest is the one the webhook sealed (its MAC verifies):
+filter and score the targets on their summaries (no API call), create the delegate in the best
+one, and let that target's own scheduler decide. ``PodScheduled=True``
 there binds the proxy pod to the target's virtual node; ``Unschedulable`` there, or no decision
 within ``verify_timeout``, deletes the delegate and tries the next target. When nothing fits,
 the proxy pod stays Pending with ``PodScheduled=False/Unschedulable`` and a message in
@@ -42,6 +43,7 @@ from multicluster.resources import NODES, PODS
 
 from ..api import keys
 from ..api.constraints import delegate_constraints
+from ..api.manifest_mac import ManifestKey
 from ..api.proxy import (
     PROXY_FIELD_SELECTOR,
     PROXY_UID_INDEX,
@@ -57,6 +59,7 @@ from ..api.proxy import (
     proxy_uid_index,
     slim_proxy,
     source_manifest,
+    untrusted_manifest,
 )
 from ..api.summary import slim_node
 from ..targets.delegates import ENABLED_NAMESPACES, DelegateLookup, Placement, enabled_namespaces
@@ -173,9 +176,11 @@ class Scheduler:
         verify_timeout: float = 30.0,
         workers: int = 64,
         prepare: Prepare | None = None,
+        manifest_key: ManifestKey,
     ) -> None:
         self.local = local
         self.prepare = prepare
+        self.manifest_key = manifest_key  # a delegate is built only from a manifest it verifies
         self.lookup = lookup
         self.registry = registry = lookup.registry
         self.cluster_name = lookup.cluster_name
@@ -511,6 +516,14 @@ class Scheduler:
             return (
                 f"not a proxy pod made by the webhook (it has {lacks}): create the pod with the "
                 f"{keys.ELECT} annotation in an enabled namespace instead"
+            )
+        untrusted = untrusted_manifest(proxy, self.manifest_key)
+        if untrusted is not None:
+            return (
+                f"its {keys.SOURCEPOD_MANIFEST} annotation is not the one multicluster-scheduler "
+                f"saved when the pod was created ({untrusted}): a delegate runs only what this "
+                "cluster's admission saw, so none is made from it; delete the pod (its owner, if "
+                "it has one, makes it again)"
             )
         return None
 

@@ -19,6 +19,7 @@ from multicluster import metrics
 from multicluster_scheduler.webhook.certificates import new_ca, new_serving_certificate
 from multicluster_scheduler.webhook.server import WebhookProcess
 from tests.agent.test_webhook_server import elected_pod, review
+from tests.webhook.sealing import KEY
 
 
 def free_port() -> int:
@@ -49,7 +50,7 @@ async def test_the_webhook_answers_from_its_own_process_and_stops_with_the_agent
     (tmp_path / "tls.crt").write_bytes(first.cert_pem)
     (tmp_path / "tls.key").write_bytes(first.key_pem)
     port = free_port()
-    server = WebhookProcess("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = WebhookProcess("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key", KEY)
     task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(30):
@@ -117,10 +118,11 @@ AGENT = """
 import asyncio, sys
 from pathlib import Path
 from multicluster_scheduler.webhook.server import WebhookProcess
+from tests.webhook.sealing import KEY
 
 async def main():
     cert, key, port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    server = WebhookProcess("127.0.0.1", port, cert, key)
+    server = WebhookProcess("127.0.0.1", port, cert, key, KEY)
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.05)
@@ -191,7 +193,7 @@ async def test_the_webhook_process_gives_back_what_a_burst_of_connections_took(t
     ca = new_ca("test-ca")
     new_serving_certificate(ca, ["127.0.0.1"]).write(tmp_path / "tls.crt", tmp_path / "tls.key")
     port = free_port()
-    server = WebhookProcess("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = WebhookProcess("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key", KEY)
     task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(30):
