@@ -196,12 +196,18 @@ def never_placed(kubectl: Kubectl, namespace: str, name: str) -> str:
         assert not pod["spec"].get("nodeName"), f"placed on {pod['spec']['nodeName']}"
         assert delegates_of(kubectl, uid) == []
 
+    said: list[str] = []
+
     def refused() -> str | None:
         unplaced()
         message = condition(proxy_pod(kubectl, namespace, name), "PodScheduled").get("message")
+        said.append(message or "")
         return message if message and NOT_SAVED in message else None
 
-    message = wait_for(refused, 30, what="the scheduler's refusal")
+    try:
+        message = wait_for(refused, 30, what="the scheduler's refusal")
+    except TimeoutError:
+        raise AssertionError(f"{name} was not refused; it says: {said[-1:]}") from None
     holds_for(WATCH, unplaced)
     (event, *_) = wait_for(
         lambda: [
@@ -329,7 +335,7 @@ def test_a_deployment_whose_template_copies_a_saved_manifest_gets_none_of_its_po
     namespace = restricted
     create_as_tenant(kubectl, namespace, compliant_pod("genuine"))
     genuine = waiting(kubectl, namespace, "genuine")["metadata"]["annotations"]
-    template = compliant_pod("x", **{MANIFEST: genuine[MANIFEST], MAC: genuine[MAC]})
+    template = compliant_pod("x", **{k: genuine[k] for k in (MANIFEST, MAC) if k in genuine})
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -377,30 +383,35 @@ def hand_made_proxy(name: str, namespace: str, **annotations: str) -> dict:
     }
     pod["metadata"]["finalizers"] = [PREFIX + "multiclusterForegroundDeletion"]
     pod["spec"]["schedulerName"] = "admiralty-proxy"
+    pod["spec"]["nodeSelector"] = {"virtual-kubelet.io/provider": "admiralty"}
     pod["spec"]["tolerations"] = [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}]
     return pod
 
 
-def test_a_proxy_pod_made_by_hand_is_refused_or_never_placed(
-    restricted: str, kubectl: Kubectl, pool, installation: Installation
-):
-    """In the enabled namespace the webhook refuses it. Made while the namespace had not opted
-    in (the webhook never saw it, with a MAC copied from a real proxy pod of the namespace, or
-    none), it is never placed once the namespace opts in. Before, both were placed and their
-    delegates ran the manifest."""
+def test_a_proxy_pod_made_by_hand_is_refused(restricted: str, kubectl: Kubectl, pool):
+    """In the enabled namespace, the webhook sees it (it carries a manifest), elected or not.
+    Before, it was admitted as it was, then placed, and its delegate ran the manifest."""
     namespace = restricted
+    pool()
     proc = create_as_tenant(kubectl, namespace, hand_made_proxy("direct", namespace), check=False)
     print(proc.stderr)
     assert proc.returncode != 0, "admitted"
     assert NOT_WRITTEN in proc.stderr
 
+
+def test_a_proxy_pod_made_by_hand_before_the_namespace_opted_in_is_never_placed(
+    restricted: str, kubectl: Kubectl, pool
+):
+    """Made while the namespace had not opted in (the webhook never saw it), with a MAC copied
+    from a real proxy pod of the namespace, or none: never placed once the namespace opts in.
+    Before, both were placed and their delegates ran the manifest."""
+    namespace = restricted
     create_as_tenant(kubectl, namespace, compliant_pod("genuine"))
     genuine = waiting(kubectl, namespace, "genuine")["metadata"]["annotations"]
     kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler-")
     create_as_tenant(kubectl, namespace, hand_made_proxy("unsealed", namespace))
-    create_as_tenant(
-        kubectl, namespace, hand_made_proxy("copied", namespace, **{MAC: genuine[MAC]})
-    )
+    mac = {MAC: genuine[MAC]} if MAC in genuine else {}
+    create_as_tenant(kubectl, namespace, hand_made_proxy("copied", namespace, **mac))
     kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler=enabled")
     pool()
     said = {name: never_placed(kubectl, namespace, name) for name in ("unsealed", "copied")}
