@@ -6,8 +6,8 @@ may rewrite an annotation. So, next to the manifest, the webhook writes
 ``sourcepod-manifest-mac``: an HMAC-SHA256, under a key only the agents hold (a Secret of their
 namespace), of the manifest's bytes, the pod's namespace, a hash of the user whose request the
 webhook answered and the time it answered. The scheduler builds a delegate only from a manifest
-whose MAC verifies for the pod's namespace (docs/reference.md, "What the agent writes in the
-source cluster").
+whose MAC verifies for the pod's namespace (docs/reference.md, "The saved manifest and its
+MAC").
 
 The API server gives a pod its uid (and a generated name) after mutating admission, so the MAC
 cannot name the pod itself: what ties a manifest to its pod is checked beside it, by the webhook

@@ -3,8 +3,8 @@
 The webhook saves an elected pod's manifest on the proxy pod, sealed with a MAC; the scheduler
 builds the delegate from that manifest, once the MAC says it is the one the webhook saved; the
 virtual kubelet finds the delegate again by its ``parent-uid`` label. These rules are shared by
-both components, so they live here, as pure functions (docs/reference.md, "What the agent
-writes in target clusters").
+both components, so they live here, as pure functions (docs/reference.md, "The saved manifest
+and its MAC", "What the agent writes in target clusters").
 """
 
 from __future__ import annotations

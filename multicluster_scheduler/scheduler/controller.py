@@ -1,8 +1,7 @@
 """The proxy scheduler (leader only): places unbound proxy pods in targets, many at once.
 
-For each unbound proxy pod whose saved manifest is the one the webhook sealed (its MAC verifies):
-filter and score the targets on their summaries (no API call), create the delegate in the best
-one, and let that target's own scheduler decide. ``PodScheduled=True``
+For each unbound proxy pod: filter and score the targets on their summaries (no API call), create
+the delegate in the best one, and let that target's own scheduler decide. ``PodScheduled=True``
 there binds the proxy pod to the target's virtual node; ``Unschedulable`` there, or no decision
 within ``verify_timeout``, deletes the delegate and tries the next target. When nothing fits,
 the proxy pod stays Pending with ``PodScheduled=False/Unschedulable`` and a message in
