@@ -9,11 +9,13 @@ proxy pod, by creating a pod that carries one of their own (directly, or through
 template), or by making a proxy pod by hand. Two layers stop them: the chart's
 ValidatingAdmissionPolicy ``multicluster-scheduler-proxy-pods`` refuses the change, and, for a
 cluster without it, the scheduler builds no delegate from a manifest whose MAC does not verify.
-Last, what the agent itself writes on proxy pods, and what tenants may still change there.
+Then, what the agent itself writes on proxy pods, and what tenants may still change there; last,
+a pending proxy pod made by a release before MACs is placed after the upgrade.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -468,3 +470,70 @@ def test_the_agent_still_writes_on_proxy_pods_and_tenants_their_own_keys(
     )
     key = kubectl.json(SOURCE, "get", "secret", f"{RELEASE}-manifest-key", "-n", RELEASE_NAMESPACE)
     assert set(key["data"]) == {"key", "created"}
+
+
+# -- upgrading from a release without MACs (last: it replaces the key) ---------------------------
+
+
+def previous_release_proxy(name: str, namespace: str) -> dict:
+    """An elected pod as the webhook of a release before MACs made it a proxy pod."""
+    pod = compliant_pod(name)
+    pod["metadata"]["namespace"] = namespace
+    manifest = json.dumps(pod)
+    pod["metadata"]["annotations"][MANIFEST] = manifest
+    pod["metadata"]["labels"] = {PREFIX + "has-finalizer": "true"}
+    pod["metadata"]["finalizers"] = [PREFIX + "multiclusterForegroundDeletion"]
+    pod["spec"].update(
+        schedulerName="admiralty-proxy",
+        nodeSelector={"virtual-kubelet.io/provider": "admiralty"},
+        tolerations=[
+            {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "admiralty"},
+            {"key": "node.kubernetes.io/network-unavailable", "operator": "Exists"},
+        ],
+        terminationGracePeriodSeconds=0,
+    )
+    return pod
+
+
+def test_a_pending_proxy_pod_of_the_previous_release_is_placed_after_the_upgrade(
+    restricted: str, kubectl: Kubectl, pool, installation: Installation
+):
+    """The pod was made, without a MAC, before the key: as a release before MACs left it
+    Pending (made here while the namespace had not opted in, so that no webhook saw it). The
+    agent then starts on the empty Secret, as the upgrade's first replica does, and makes the
+    key. The pod is placed once there is room, and its delegate runs its manifest."""
+    namespace = restricted
+    kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler-")
+    body = json.dumps(previous_release_proxy("old", namespace))
+    kubectl(SOURCE, "create", "-n", namespace, "-f", "-", stdin=body)
+    agent = installation.agents[SOURCE][0]
+    installation.hold(agent)
+    secret = f"{RELEASE}-manifest-key"
+    emptied = '[{"op": "remove", "path": "/data"}]'
+    kubectl(
+        SOURCE, "patch", "secret", secret, "-n", RELEASE_NAMESPACE, "--type=json", "-p", emptied
+    )
+    time.sleep(1.5)  # a pod's creationTimestamp is to the second
+    installation.release(agent)
+    created = wait_for(
+        lambda: (
+            kubectl.json(SOURCE, "get", "secret", secret, "-n", RELEASE_NAMESPACE).get("data") or {}
+        ).get("created"),
+        60,
+        what="the new key",
+    )
+    print("key made at", base64.b64decode(created).decode())
+    kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler=enabled")
+    pool()
+    running = wait_for(
+        lambda: (
+            (p := proxy_pod(kubectl, namespace, "old"))
+            and p.get("status", {}).get("phase") == "Running"
+            and p
+        ),
+        90,
+        what="the previous release's pod Running",
+    )
+    assert MAC not in running["metadata"]["annotations"]
+    (delegate,) = delegates_of(kubectl, running["metadata"]["uid"])
+    assert delegate.startswith(f"{TARGET}/")

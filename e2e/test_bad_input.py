@@ -972,12 +972,14 @@ def post(
         connection.close()
 
 
-def review(obj: object, **top) -> dict:
+def review(obj: object, user: str | None = "alice", **top) -> dict:
+    """A review as the API server sends it (who asks included, unless ``user`` is None)."""
     request = {
         "uid": "u-1",
         "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "operation": "CREATE",
         "namespace": "default",
+        **({"userInfo": {"username": user}} if user is not None else {}),
         "object": obj,
     }
     return {
@@ -1029,6 +1031,7 @@ REFUSED_REVIEWS = {
         review({**ELECTED, "spec": {**ELECTED["spec"], "nodeName": "n1"}}),
         "spec.nodeName is set ('n1')",
     ),
+    "no-user": (review(ELECTED, user=None), "the request names no namespace or no user"),
 }
 
 
