@@ -182,6 +182,22 @@ def test_templates(bin_dir, values):
     cert_manager = any(d["kind"] == "Certificate" for d in docs)
     assert cert_manager == ("webhook.certManager.enabled=true" in values)
     assert any(d["kind"] == "PodDisruptionBudget" for d in docs)
+    # The key that seals saved manifests: an empty Secret, cert-manager or not, that the agent
+    # alone may read and fill.
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    assert "data" not in secrets[f"{RELEASE}-manifest-key"]
+    role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == RELEASE)
+    (secret_rule,) = [r for r in role["rules"] if r["resources"] == ["secrets"]]
+    assert f"{RELEASE}-manifest-key" in secret_rule["resourceNames"]
+    assert secret_rule["verbs"] == ["get", "update"]
+    policy = next(
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("proxy-pods")
+    )
+    agent = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+    assert any(agent in c["expression"] for c in policy["spec"]["matchConditions"])
+    assert ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-proxy-pods") in kinds
 
 
 def metrics_of(install: Installation, context: str) -> str:
@@ -202,6 +218,8 @@ def test_installed_with_crds_established(installation: Installation, kubectl: Ku
         )
         status = kubectl.json(context, "get", "secret", f"{RELEASE}-webhook-ca", "-n", NAMESPACE)
         assert set(status["data"]) == {"ca.crt", "ca.key"}
+        key = kubectl.json(context, "get", "secret", f"{RELEASE}-manifest-key", "-n", NAMESPACE)
+        assert set(key["data"]) == {"key", "created"}
 
 
 def test_api_server_calls_the_webhook_with_the_ca_bundle_the_agent_wrote(

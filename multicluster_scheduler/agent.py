@@ -57,6 +57,7 @@ from .api.ingresses import (
     class_name,
     host_pattern,
 )
+from .api.manifest_mac import ManifestKey
 from .api.summary import slim_node
 from .follow.controller import Follow
 from .scheduler.controller import Scheduler, proxy_informer
@@ -83,6 +84,7 @@ from .virtual_kubelet.pods import PodSync
 from .webhook import heap
 from .webhook.app import smaller_tls_buffers
 from .webhook.certificates import MUTATING_WEBHOOKS, CertificateManager, service_hosts
+from .webhook.manifest_key import ManifestKeyError, load_manifest_key
 from .webhook.server import WebhookProcess, WebhookServer
 
 log = logging.getLogger("multicluster_scheduler.agent")
@@ -322,6 +324,10 @@ class AgentSettings(BaseModel):
         return f"{self.name}-webhook-ca"
 
     @property
+    def manifest_key_secret(self) -> str:
+        return f"{self.name}-manifest-key"
+
+    @property
     def self_managed_certificates(self) -> bool:
         return self.webhook_cert_dir is None
 
@@ -424,9 +430,10 @@ async def run(settings: AgentSettings) -> None:
         shutdown_delay=settings.shutdown_delay,
     )
     manager.add_cluster(cluster)
-    lookup = await add_controllers(manager, cluster, settings, cluster_name, options)
+    key = await load_manifest_key(cluster.client, settings.namespace, settings.manifest_key_secret)
+    lookup = await add_controllers(manager, cluster, settings, cluster_name, options, key)
     with tempfile.TemporaryDirectory(prefix="webhook-") as scratch:
-        ca = await add_webhook(manager, cluster, settings, Path(scratch))
+        ca = await add_webhook(manager, cluster, settings, Path(scratch), key)
         kubelet_api = KubeletApi(
             cluster.client,
             lookup,
@@ -488,8 +495,10 @@ async def add_controllers(
     settings: AgentSettings,
     cluster_name: str,
     options: dict[str, Any],
+    manifest_key: ManifestKey,
 ) -> DelegateLookup:
-    """Every controller and loop of the agent but the webhook's and the kubelet API's."""
+    """Every controller and loop of the agent but the webhook's and the kubelet API's; the
+    scheduler checks saved manifests with ``manifest_key``."""
     registry = add_cluster_controllers(manager, cluster, settings, cluster_name, options)
     lookup = DelegateLookup(registry, proxy_informer(cluster), cluster_name)
     # Made in this order, as they register with the registry and the informers.
@@ -500,6 +509,7 @@ async def add_controllers(
         verify_timeout=settings.delegate_timeout,
         workers=settings.scheduler_workers,
         prepare=follow.prepare,
+        manifest_key=manifest_key,
     )
     pods = PodSync(cluster, lookup)
     manager.add_runnable(EventReflector(cluster, lookup).run, needs_leader=True)
@@ -535,10 +545,15 @@ async def add_controllers(
 
 
 async def add_webhook(
-    manager: Manager, cluster: Cluster, settings: AgentSettings, scratch: Path
+    manager: Manager,
+    cluster: Cluster,
+    settings: AgentSettings,
+    scratch: Path,
+    manifest_key: ManifestKey,
 ) -> KeyPair | None:
-    """The webhook's server, with its certificates (made here, or cert-manager's); the CA made
-    here, if any (the kubelet API falls back on it)."""
+    """The webhook's server, with its certificates (made here, or cert-manager's), sealing saved
+    manifests with ``manifest_key``; the CA made here, if any (the kubelet API falls back on
+    it)."""
     certificates = None
     if settings.webhook_cert_dir is None:
         certificates = CertificateManager(
@@ -560,7 +575,7 @@ async def add_webhook(
         cert_file = settings.webhook_cert_dir / "tls.crt"
         key_file = settings.webhook_cert_dir / "tls.key"
     serve = WebhookProcess if settings.webhook_process else WebhookServer
-    webhook = serve(settings.webhook_host, settings.webhook_port, cert_file, key_file)
+    webhook = serve(settings.webhook_host, settings.webhook_port, cert_file, key_file, manifest_key)
     if certificates is not None:
         certificates.on_reload(webhook.reload_certificate)
     manager.add_runnable(webhook.serve, needs_leader=False)
@@ -594,5 +609,8 @@ def main(args: argparse.Namespace) -> int:
         asyncio.run(run(settings))
     except ConfigError as e:
         log.error("cannot connect: %s", e)
+        return 1
+    except ManifestKeyError as e:
+        log.error("no manifest key: %s", e)
         return 1
     return 0

@@ -27,6 +27,7 @@ from e2e.bench.webhook import (
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.webhook.certificates import new_ca, new_serving_certificate
 from multicluster_scheduler.webhook.server import WebhookServer, answer_review, review_response
+from tests.webhook.sealing import KEY
 
 
 @pytest.mark.parametrize(
@@ -73,7 +74,7 @@ def test_reviews_are_pod_creations_with_fresh_uids():
 
 def test_the_servers_answer_to_a_review_is_right():
     uid, body = review_bodies(1, "bench")[0]
-    result, review = answer_review(body)
+    result, review = answer_review(body, KEY)
     assert result == "patched"
     assert review_problem(orjson.dumps(review), uid) is None
 
@@ -161,7 +162,7 @@ async def test_a_short_run_against_the_real_server_over_tls(tmp_path: Path):
     serving = new_serving_certificate(ca, ["127.0.0.1"])
     (tmp_path / "tls.crt").write_bytes(serving.cert_pem)
     (tmp_path / "tls.key").write_bytes(serving.key_pem)
-    server = WebhookServer("127.0.0.1", 0, tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = WebhookServer("127.0.0.1", 0, tmp_path / "tls.crt", tmp_path / "tls.key", KEY)
     serving_task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(10):
@@ -190,7 +191,7 @@ async def test_a_short_run_against_the_real_server_over_tls(tmp_path: Path):
 async def test_bursts_open_a_connection_per_admission_in_flight_and_keep_25(tmp_path: Path):
     ca = new_ca("bench-ca")
     new_serving_certificate(ca, ["127.0.0.1"]).write(tmp_path / "tls.crt", tmp_path / "tls.key")
-    server = WebhookServer("127.0.0.1", 0, tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = WebhookServer("127.0.0.1", 0, tmp_path / "tls.crt", tmp_path / "tls.key", KEY)
     serving_task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(10):

@@ -23,6 +23,8 @@ NAMESPACE_ENABLED_VALUE = "enabled"
 
 # Proxy pods.
 SOURCEPOD_MANIFEST = PREFIX + "sourcepod-manifest"
+# Next to it: the proof that the webhook saved that manifest, for that namespace (api.manifest_mac).
+SOURCEPOD_MANIFEST_MAC = PREFIX + "sourcepod-manifest-mac"
 # On a proxy pod: the keys of the annotations it got from its delegate (comma-separated), the
 # only ones a target may change later; the pod's own are never changed from a target.
 MIRRORED_ANNOTATIONS = PREFIX + "mirrored-annotations"

@@ -1,9 +1,10 @@
 """Proxy pods and their delegates: how one is recognised, and how the other is built from it.
 
-The webhook saves an elected pod's manifest on the proxy pod; the scheduler builds the delegate
-from that manifest; the virtual kubelet finds the delegate again by its ``parent-uid`` label.
-These rules are shared by both components, so they live here, as pure functions (COMPAT.md,
-"Delegate pod built from the manifest").
+The webhook saves an elected pod's manifest on the proxy pod, sealed with a MAC; the scheduler
+builds the delegate from that manifest, once the MAC says it is the one the webhook saved; the
+virtual kubelet finds the delegate again by its ``parent-uid`` label. These rules are shared by
+both components, so they live here, as pure functions (docs/reference.md, "The saved manifest
+and its MAC", "What the agent writes in target clusters").
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import orjson
 import yaml
 
 from multicluster import is_deleting as is_deleting  # the runtime's, re-exported
+from multicluster.kubetime import parse_time
 from multicluster.sharing import SHARED
 
 from . import keys
 from .constraints import delegate_constraints
 from .follow import reference_keys
+from .manifest_mac import ManifestKey, verify
 from .naming import prefixed_label_key
 from .regexps import compile_regexp, without_matching
 
@@ -323,6 +326,55 @@ def not_made_by_webhook(proxy: dict) -> str | None:
     return " and ".join(missing) or None
 
 
+_ANOTHER = "it was saved for another pod"
+
+
+def untrusted_manifest(proxy: dict, key: ManifestKey) -> str | None:
+    """Why the saved manifest of ``proxy`` is not one the webhook saved for it, if it is not:
+    its MAC does not verify for the pod's namespace under ``key``, or the manifest names
+    another pod, or it has no MAC and the pod was made after the key was (a pod made before,
+    by an earlier release's webhook, which wrote no MAC, is trusted without one). None when it
+    is (or when it has no manifest at all: :func:`not_made_by_webhook` says so)."""
+    meta = proxy["metadata"]
+    annotations = meta.get("annotations") or {}
+    manifest = annotations.get(keys.SOURCEPOD_MANIFEST)
+    if not isinstance(manifest, str):
+        return None
+    mac = annotations.get(keys.SOURCEPOD_MANIFEST_MAC)
+    if mac is None:
+        created = parse_time(meta.get("creationTimestamp"))
+        if key.created is not None and created is not None and created.timestamp() < key.created:
+            return None
+        return (
+            f"it has no {keys.SOURCEPOD_MANIFEST_MAC}, and the pod was made after the key that "
+            "seals manifests: by hand, or admitted by the webhook of an earlier release while "
+            "this one rolled out"
+        )
+    try:
+        verify(key, meta["namespace"], manifest, mac)
+    except ValueError as e:
+        return f"its {keys.SOURCEPOD_MANIFEST_MAC}: {e}"
+    try:
+        saved = orjson.loads(manifest)
+    except orjson.JSONDecodeError:
+        saved = None
+    saved_meta = saved.get("metadata") if isinstance(saved, dict) else None
+    if not isinstance(saved_meta, dict):
+        return _ANOTHER
+    name, generated = saved_meta.get("name"), saved_meta.get("generateName")
+    if name or not generated:
+        if name != meta["name"]:
+            return f"it was saved for pod {name[:253]!r}" if isinstance(name, str) else _ANOTHER
+    elif not isinstance(generated, str) or not meta["name"].startswith(generated[:58]):
+        # The API server keeps at most 58 characters of generateName, then adds 5.
+        return (
+            f"it was saved for a pod named {generated[:253]!r}…"
+            if isinstance(generated, str)
+            else _ANOTHER
+        )
+    return None
+
+
 def pod_condition(pod: dict, kind: str) -> dict | None:
     for condition in (pod.get("status") or {}).get("conditions") or ():
         if condition.get("type") == kind:
@@ -343,6 +395,7 @@ _PROXY_METADATA = (
     "finalizers",
 )
 _DELEGATE_METADATA = _PROXY_METADATA[:8]
+_READ_UNBOUND = (keys.SOURCEPOD_MANIFEST, keys.SOURCEPOD_MANIFEST_MAC)
 
 
 def _shared_metadata(kept: dict) -> dict:
@@ -361,7 +414,7 @@ def slim_proxy(pod: dict) -> dict:
     kept = {k: meta[k] for k in _PROXY_METADATA if k in meta}
     annotations = kept.get("annotations")
     if spec.get("nodeName") and annotations and keys.SOURCEPOD_MANIFEST in annotations:
-        kept["annotations"] = {k: v for k, v in annotations.items() if k != keys.SOURCEPOD_MANIFEST}
+        kept["annotations"] = {k: v for k, v in annotations.items() if k not in _READ_UNBOUND}
     slim_spec = {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")}
     if not spec.get("nodeName"):  # what the proxy pod asks of virtual nodes, until it is bound
         for name in ("nodeSelector", "affinity", "tolerations"):

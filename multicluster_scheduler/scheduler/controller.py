@@ -42,6 +42,7 @@ from multicluster.resources import NODES, PODS
 
 from ..api import keys
 from ..api.constraints import delegate_constraints
+from ..api.manifest_mac import ManifestKey
 from ..api.proxy import (
     PROXY_FIELD_SELECTOR,
     PROXY_UID_INDEX,
@@ -57,6 +58,7 @@ from ..api.proxy import (
     proxy_uid_index,
     slim_proxy,
     source_manifest,
+    untrusted_manifest,
 )
 from ..api.summary import slim_node
 from ..targets.delegates import ENABLED_NAMESPACES, DelegateLookup, Placement, enabled_namespaces
@@ -173,9 +175,11 @@ class Scheduler:
         verify_timeout: float = 30.0,
         workers: int = 64,
         prepare: Prepare | None = None,
+        manifest_key: ManifestKey,
     ) -> None:
         self.local = local
         self.prepare = prepare
+        self.manifest_key = manifest_key  # a delegate is built only from a manifest it verifies
         self.lookup = lookup
         self.registry = registry = lookup.registry
         self.cluster_name = lookup.cluster_name
@@ -511,6 +515,14 @@ class Scheduler:
             return (
                 f"not a proxy pod made by the webhook (it has {lacks}): create the pod with the "
                 f"{keys.ELECT} annotation in an enabled namespace instead"
+            )
+        untrusted = untrusted_manifest(proxy, self.manifest_key)
+        if untrusted is not None:
+            return (
+                f"its {keys.SOURCEPOD_MANIFEST} annotation is not the one multicluster-scheduler "
+                f"saved when the pod was created ({untrusted}): a delegate runs only what this "
+                "cluster's admission saw, so none is made from it; delete the pod (its owner, if "
+                "it has one, makes it again)"
             )
         return None
 

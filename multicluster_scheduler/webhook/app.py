@@ -2,13 +2,16 @@
 webhook process imports only this (uvicorn, orjson and the mutation), so it stays small.
 
 ``/mutate`` answers the API server's AdmissionReviews for pods: an elected pod, on CREATE, is
-admitted with the JSON patch that makes it a proxy pod (see ``mutation``); any other request is
-admitted unchanged. This is on the path of every pod creation in enabled namespaces, so the
-application is a bare ASGI callable (no framework routing per request), bodies are parsed raw
-with orjson (no model per request) and nothing waits on an API call. A pod that cannot be
-patched is refused in the review (allowed false, code 400, the reason), and a body that is not
-an admission.k8s.io/v1 AdmissionReview at all gets an HTTP 400 that says why (whatever its
-content type: the body decides): never a 500. Warnings in the review tell whoever creates an
+admitted with the JSON patch that makes it a proxy pod (see ``mutation``), its saved manifest
+sealed with a MAC under the agents' key for the namespace and the requesting user; a pod that
+arrives with a saved manifest the webhook did not write for that request is refused (see
+``reinvocation``); any other request is admitted unchanged. This is on the path of every pod
+creation in enabled namespaces, so the application is a bare ASGI callable (no framework
+routing per request), bodies are parsed raw with orjson (no model per request) and nothing
+waits on an API call. A pod that cannot be patched is refused in the review (allowed false,
+code 400, the reason), and a body that is not an admission.k8s.io/v1 AdmissionReview at all
+gets an HTTP 400 that says why (whatever its content type: the body decides): never a 500.
+Warnings in the review tell whoever creates an
 elected pod what its delegate will lose (labels that become the same prefixed label).
 
 It is served by uvicorn, as the agent's other endpoints, but without FastAPI: importing FastAPI
@@ -25,6 +28,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,9 @@ from typing import Any
 import orjson
 import uvicorn
 
+from multicluster_scheduler.api.manifest_mac import ManifestKey, seal
 from multicluster_scheduler.webhook.mutation import is_elected, label_warnings, mutation_patch
+from multicluster_scheduler.webhook.reinvocation import carries_saved_manifest, foreign_manifest
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -63,8 +69,10 @@ def review_response(
     return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
 
 
-def answer_review(body: bytes) -> tuple[str, dict]:
+def answer_review(body: bytes, key: ManifestKey, now: float | None = None) -> tuple[str, dict]:
     """Answer one AdmissionReview: the result (allowed, patched or refused) and the review.
+    ``key`` seals the manifests saved, and checks those that pods arrive with, at ``now``
+    (seconds since the epoch; default: the clock's).
 
     Raises ValueError when ``body`` is not an AdmissionReview (not JSON, no request.uid, an
     apiVersion or kind other than ``admission.k8s.io/v1`` ``AdmissionReview``: the only version
@@ -91,12 +99,30 @@ def answer_review(body: bytes) -> tuple[str, dict]:
     ):
         return "allowed", review_response(uid)
     pod = request.get("object")
+    namespace = request.get("namespace")
+    user = request.get("userInfo")
+    username = user.get("username") if isinstance(user, dict) else None
+    now = time.time() if now is None else now
     try:
         if pod is None:
             raise ValueError("the request has no object")
-        if not is_elected(pod):
+        elected, carried = is_elected(pod), carries_saved_manifest(pod)
+        if not elected and not carried:
             return "allowed", review_response(uid)
-        ops = mutation_patch(pod)
+        if not isinstance(namespace, str) or not isinstance(username, str):
+            raise ValueError("the request names no namespace or no user")
+        if carried:
+            foreign = foreign_manifest(pod, key, namespace=namespace, username=username, now=now)
+            if foreign is not None:
+                raise ValueError(foreign)
+        if not elected:  # a pod with our own manifest, its elect annotation gone since
+            return "allowed", review_response(uid)
+        issued = int(now)
+
+        def sealed(manifest: str) -> str:
+            return seal(key, namespace, username, manifest, issued)
+
+        ops = mutation_patch(pod, sealed)
     except ValueError as e:
         log.warning(
             "pod refused namespace=%s name=%s reason=%s",
@@ -127,8 +153,9 @@ def smaller_tls_buffers(size: int = 64 * 1024) -> None:
         protocol.max_size = size
 
 
-def create_app(count: Count) -> Callable:
-    """The ASGI application: ``POST /mutate``; ``count(result)`` is called once per answer."""
+def create_app(count: Count, key: ManifestKey, clock: Callable[[], float] = time.time) -> Callable:
+    """The ASGI application: ``POST /mutate``; ``count(result)`` is called once per answer;
+    ``key`` seals and checks saved manifests at ``clock()`` (seconds since the epoch)."""
 
     async def send_json(send: Send, status: int, body: dict, extra: tuple = ()) -> None:
         payload = orjson.dumps(body)
@@ -163,7 +190,7 @@ def create_app(count: Count) -> Callable:
             if not message.get("more_body"):
                 break
         try:
-            result, review = answer_review(b"".join(chunks))
+            result, review = answer_review(b"".join(chunks), key, clock())
         except ValueError as e:
             count("malformed")
             await send_json(send, 400, {"error": f"not an AdmissionReview: {e}"})
@@ -191,9 +218,17 @@ class _Server(uvicorn.Server):
 class WebhookServer:
     """The server in the caller's event loop; ``serve`` until ``server.should_exit``."""
 
-    def __init__(self, host: str, port: int, cert_file: Path, key_file: Path, count: Count):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        cert_file: Path,
+        key_file: Path,
+        count: Count,
+        manifest_key: ManifestKey,
+    ):
         self.config = uvicorn.Config(
-            create_app(count),
+            create_app(count, manifest_key),
             host=host,
             port=port,
             ssl_certfile=str(cert_file),

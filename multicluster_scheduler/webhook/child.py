@@ -3,7 +3,8 @@
 Started by the agent (``server.WebhookProcess``), never by hand. It serves the webhook on its own
 event loop, so admissions never wait behind the agent's controllers; counts its answers in a
 small memory-mapped file the agent exports as metrics; gives its heap back to the system after
-bursts of connections (``heap``); prints ``started`` once it listens; reads
+bursts of connections (``heap``); reads the key that seals saved manifests as the first line of
+its stdin (base64), before it listens; prints ``started`` once it listens; reads
 ``{"reload": [CERT, KEY]}`` lines (JSON) on stdin; and exits when stdin closes (the agent
 stops: requests in flight are answered first). If the agent dies at once (killed, out of
 memory), so does the child, on Linux, as the two would in one container: a webhook whose agent
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import ctypes
 import json
 import logging
@@ -24,6 +27,7 @@ import signal
 import sys
 from pathlib import Path
 
+from multicluster_scheduler.api.manifest_mac import KEY_BYTES, ManifestKey
 from multicluster_scheduler.webhook import heap
 from multicluster_scheduler.webhook.app import RESULTS, WebhookServer, smaller_tls_buffers
 
@@ -37,16 +41,21 @@ async def serve(args: argparse.Namespace, counts: memoryview) -> None:
     def count(result: str) -> None:
         counts[index[result]] += 1
 
-    server = WebhookServer(args.host, args.port, Path(args.cert_file), Path(args.key_file), count)
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    key = manifest_key(await stdin.readline())
+    if key is None:
+        log.error("no manifest key on stdin: not serving")
+        return
+    cert_file, key_file = Path(args.cert_file), Path(args.key_file)
+    server = WebhookServer(args.host, args.port, cert_file, key_file, count, key)
 
     def started() -> None:
         sys.stdout.write("started\n")
         sys.stdout.flush()
 
     server.server.on_started = started
-    loop = asyncio.get_running_loop()
-    stdin = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
 
     async def control() -> None:
         try:
@@ -71,6 +80,16 @@ async def serve(args: argparse.Namespace, counts: memoryview) -> None:
         listening.cancel()
         if trimming is not None:
             trimming.cancel()
+
+
+def manifest_key(line: bytes) -> ManifestKey | None:
+    """The key of the first line of stdin (base64), or None when it holds none (the line is
+    never shown: it is the key)."""
+    try:
+        secret = base64.b64decode(line.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return ManifestKey(secret) if len(secret) >= KEY_BYTES else None
 
 
 PR_SET_PDEATHSIG = 1

@@ -7,14 +7,17 @@ quickly. It is kept apart from the server so that every step, and idempotence (t
 may call a webhook again), is tested without a cluster or a socket.
 
 The result is a list of RFC 6902 operations, emitted only for fields that differ from the proxy
-form: mutating an already mutated pod yields an empty list. A pod that cannot become a working
-proxy is refused with the reason (ValueError): one bound to a node already, or one too large for
-its manifest to fit in its annotations. What the delegate will lose is said in warnings: user
-labels that become the same prefixed label.
+form: mutating an already mutated pod yields an empty list. The manifest is saved with its MAC
+(``api.manifest_mac``), made by the caller's ``seal``; whether a manifest a pod arrives with is
+the webhook's own is the caller's to check first (``reinvocation``). A pod that cannot become a
+working proxy is refused with the reason (ValueError): one bound to a node already, or one too
+large for its manifest to fit in its annotations. What the delegate will lose is said in
+warnings: user labels that become the same prefixed label.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
@@ -43,6 +46,9 @@ REMOVED_SPEC_FIELDS = ("affinity", "topologySpreadConstraints")
 # Kubernetes' limit on the total size of an object's annotations (keys and values, in bytes).
 ANNOTATIONS_LIMIT = 256 * 1024
 
+# The MAC of a manifest (the ``sourcepod-manifest-mac`` annotation's value), given the manifest.
+Seal = Callable[[str], str]
+
 
 def is_elected(pod: dict) -> bool:
     """Whether the pod opted in (the elect annotation, whatever its value).
@@ -53,8 +59,10 @@ def is_elected(pod: dict) -> bool:
     return keys.ELECT in _object(metadata.get("annotations"), "metadata.annotations")
 
 
-def mutation_patch(pod: dict) -> list[dict]:
-    """The JSON patch that turns ``pod`` into a proxy pod; empty when it already is one.
+def mutation_patch(pod: dict, seal: Seal) -> list[dict]:
+    """The JSON patch that turns ``pod`` into a proxy pod; empty when it already is one. A pod
+    without a saved manifest gets one, with its MAC (``seal(manifest)``); one that has a
+    manifest keeps it (the caller has checked that it is the webhook's own).
 
     Raises ValueError when ``pod`` cannot be patched (not an object, metadata or spec not
     objects, annotations or labels not maps of strings, finalizers not a list of strings) or
@@ -62,7 +70,7 @@ def mutation_patch(pod: dict) -> list[dict]:
     manifest is saved).
     """
     pod = _pod(pod)
-    return _metadata_patch(pod) + _spec_patch(pod)
+    return _metadata_patch(pod, seal) + _spec_patch(pod)
 
 
 def label_warnings(pod: dict) -> list[str]:
@@ -96,10 +104,10 @@ def label_warnings(pod: dict) -> list[str]:
     return warnings
 
 
-def _metadata_patch(pod: dict) -> list[dict]:
+def _metadata_patch(pod: dict, seal: Seal) -> list[dict]:
     if pod.get("metadata") is None:
         metadata = {
-            "annotations": {keys.SOURCEPOD_MANIFEST: _manifest(pod, {})},
+            "annotations": _saved(pod, {}, seal),
             "labels": {keys.HAS_FINALIZER: HAS_FINALIZER_VALUE},
             "finalizers": [keys.FINALIZER],
         }
@@ -119,10 +127,9 @@ def _metadata_patch(pod: dict) -> list[dict]:
             ) from None
     ops = []
     if keys.SOURCEPOD_MANIFEST not in annotations:
-        manifest = _manifest(pod, annotations)
-        ops.append(_set_entry(metadata, "annotations", keys.SOURCEPOD_MANIFEST, manifest))
+        ops.extend(_set_entries(metadata, "annotations", _saved(pod, annotations, seal)))
     if labels.get(keys.HAS_FINALIZER) != HAS_FINALIZER_VALUE:
-        ops.append(_set_entry(metadata, "labels", keys.HAS_FINALIZER, HAS_FINALIZER_VALUE))
+        ops.extend(_set_entries(metadata, "labels", {keys.HAS_FINALIZER: HAS_FINALIZER_VALUE}))
     if keys.FINALIZER not in finalizers:
         if metadata.get("finalizers") is None:
             ops.append(_op("add", "/metadata/finalizers", [keys.FINALIZER]))
@@ -131,12 +138,16 @@ def _metadata_patch(pod: dict) -> list[dict]:
     return ops
 
 
-def _set_entry(metadata: dict, field: str, key: str, value: str) -> dict:
-    """Set ``key`` in the map ``metadata[field]``, adding the map if it is missing."""
+def _set_entries(metadata: dict, field: str, wanted: dict[str, str]) -> list[dict]:
+    """Set the keys of ``wanted`` in the map ``metadata[field]``, adding the map if it is
+    missing."""
     entries = metadata.get(field)
     if entries is None:
-        return _op("add", f"/metadata/{field}", {key: value})
-    return _op("replace" if key in entries else "add", _path(f"/metadata/{field}", key), value)
+        return [_op("add", f"/metadata/{field}", wanted)]
+    return [
+        _op("replace" if key in entries else "add", _path(f"/metadata/{field}", key), value)
+        for key, value in wanted.items()
+    ]
 
 
 def _spec_patch(pod: dict) -> list[dict]:
@@ -194,15 +205,17 @@ def _proxy_asks(pod: dict, spec: dict) -> dict:
     return proxy_scheduling_constraints(annotations, own)
 
 
-def _manifest(pod: dict, annotations: dict[str, str]) -> str:
-    """The pod as JSON, to be saved next to ``annotations``; ValueError when the sum would be
-    over Kubernetes' limit (the API server's own refusal would blame the user's annotations)."""
+def _saved(pod: dict, annotations: dict[str, str], seal: Seal) -> dict[str, str]:
+    """The pod as JSON and its MAC, the annotations to save next to ``annotations``; ValueError
+    when the sum would be over Kubernetes' limit (the API server's own refusal would blame the
+    user's annotations)."""
     try:
-        manifest = orjson.dumps(pod)
+        manifest = orjson.dumps(pod).decode()
     except orjson.JSONEncodeError as e:
         raise ValueError(f"pod cannot be saved as JSON: {e}") from None
+    entries = {keys.SOURCEPOD_MANIFEST: manifest, keys.SOURCEPOD_MANIFEST_MAC: seal(manifest)}
     own = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
-    saved = len(keys.SOURCEPOD_MANIFEST) + len(manifest)
+    saved = sum(len(k.encode()) + len(v.encode()) for k, v in entries.items())
     if own + saved > ANNOTATIONS_LIMIT:
         raise ValueError(
             f"the pod is too large to be saved in its {keys.SOURCEPOD_MANIFEST} annotation: "
@@ -210,7 +223,7 @@ def _manifest(pod: dict, annotations: dict[str, str]) -> str:
             f"the saved pod), over the {ANNOTATIONS_LIMIT} bytes Kubernetes allows; make the "
             "pod smaller, its annotations first (they count twice)"
         )
-    return manifest.decode()
+    return entries
 
 
 def _op(op: str, path: str, value: Any) -> dict:

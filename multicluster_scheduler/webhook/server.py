@@ -4,14 +4,16 @@ tests, in the caller's event loop (:class:`WebhookServer`).
 A pod creation must not wait behind the controllers' work in the agent's event loop: placing a
 thousand pods keeps that loop busy for seconds, and every admission in enabled namespaces would
 queue behind it. The child process (``webhook.child``) imports only the application and the
-mutation, so it stays small; it exits when the agent's end of its stdin closes, reloads its
-certificate when told, and counts its answers in a memory-mapped file this process exports as
-``webhook_requests_total``.
+mutation, so it stays small; it gets the key that seals saved manifests as the first line of its
+stdin (never in its arguments, environment or a file), exits when the agent's end of its stdin
+closes, reloads its certificate when told, and counts its answers in a memory-mapped file this
+process exports as ``webhook_requests_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -25,6 +27,7 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from multicluster import metrics
+from multicluster_scheduler.api.manifest_mac import ManifestKey
 from multicluster_scheduler.webhook import app
 from multicluster_scheduler.webhook.app import RESULTS, answer_review, review_response
 
@@ -85,8 +88,10 @@ def answer_counts() -> AnswerCounts:
 class WebhookServer(app.WebhookServer):
     """The server in the caller's event loop, counting into this process's metrics."""
 
-    def __init__(self, host: str, port: int, cert_file: Path, key_file: Path) -> None:
-        super().__init__(host, port, cert_file, key_file, answer_counts().inc)
+    def __init__(
+        self, host: str, port: int, cert_file: Path, key_file: Path, manifest_key: ManifestKey
+    ) -> None:
+        super().__init__(host, port, cert_file, key_file, answer_counts().inc, manifest_key)
 
 
 class WebhookProcess:
@@ -96,9 +101,12 @@ class WebhookProcess:
     cancelling ``serve`` stops it.
     """
 
-    def __init__(self, host: str, port: int, cert_file: Path, key_file: Path) -> None:
+    def __init__(
+        self, host: str, port: int, cert_file: Path, key_file: Path, manifest_key: ManifestKey
+    ) -> None:
         self.host, self.port = host, port
         self.cert_file, self.key_file = cert_file, key_file
+        self._manifest_key = manifest_key
         self.counts = answer_counts()
         self._stdin: asyncio.StreamWriter | None = None
         self._started = False
@@ -149,6 +157,8 @@ class WebhookProcess:
         )
         self.pid = process.pid
         self._stdin = process.stdin
+        assert process.stdin is not None
+        process.stdin.write(manifest_key_line(self._manifest_key))
         if (self.cert_file, self.key_file) != paths:  # reloaded while it was starting
             self._send_reload()
         try:
@@ -170,3 +180,9 @@ class WebhookProcess:
                 except TimeoutError:
                     process.kill()
                     await process.wait()
+
+
+def manifest_key_line(key: ManifestKey) -> bytes:
+    """The first line the webhook process reads on its stdin: the key, base64, and nothing
+    else (when it was made is the scheduler's concern, not the webhook's)."""
+    return base64.b64encode(key.secret) + b"\n"

@@ -12,6 +12,7 @@ import pytest
 from multicluster.pki import KeyPair
 from multicluster_scheduler.webhook.certificates import new_ca, new_serving_certificate
 from multicluster_scheduler.webhook.server import WebhookServer
+from tests.webhook.sealing import KEY
 
 
 @dataclass
@@ -32,7 +33,7 @@ async def served(tmp_path: Path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = WebhookServer("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = WebhookServer("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key", KEY)
     task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(10):

@@ -5,6 +5,7 @@ nothing of the agent's runtime loaded in the child."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import signal
 import socket
@@ -16,9 +17,13 @@ import orjson
 import pytest
 
 from multicluster import metrics
+from multicluster_scheduler.api import keys
+from multicluster_scheduler.api.manifest_mac import ManifestKey, user_hash, verify
 from multicluster_scheduler.webhook.certificates import new_ca, new_serving_certificate
-from multicluster_scheduler.webhook.server import WebhookProcess
+from multicluster_scheduler.webhook.server import AnswerCounts, WebhookProcess
 from tests.agent.test_webhook_server import elected_pod, review
+from tests.webhook.json_patch import apply_patch
+from tests.webhook.sealing import KEY, NAMESPACE, USER
 
 
 def free_port() -> int:
@@ -49,7 +54,7 @@ async def test_the_webhook_answers_from_its_own_process_and_stops_with_the_agent
     (tmp_path / "tls.crt").write_bytes(first.cert_pem)
     (tmp_path / "tls.key").write_bytes(first.key_pem)
     port = free_port()
-    server = WebhookProcess("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = WebhookProcess("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key", KEY)
     task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(30):
@@ -117,10 +122,11 @@ AGENT = """
 import asyncio, sys
 from pathlib import Path
 from multicluster_scheduler.webhook.server import WebhookProcess
+from tests.webhook.sealing import KEY
 
 async def main():
     cert, key, port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    server = WebhookProcess("127.0.0.1", port, cert, key)
+    server = WebhookProcess("127.0.0.1", port, cert, key, KEY)
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.05)
@@ -191,7 +197,7 @@ async def test_the_webhook_process_gives_back_what_a_burst_of_connections_took(t
     ca = new_ca("test-ca")
     new_serving_certificate(ca, ["127.0.0.1"]).write(tmp_path / "tls.crt", tmp_path / "tls.key")
     port = free_port()
-    server = WebhookProcess("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = WebhookProcess("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key", KEY)
     task = asyncio.create_task(server.serve())
     try:
         async with asyncio.timeout(30):
@@ -228,3 +234,57 @@ async def test_the_webhook_process_gives_back_what_a_burst_of_connections_took(t
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+@pytest.mark.timeout(60)
+async def test_the_key_reaches_the_webhook_process_on_its_stdin_only(tmp_path: Path):
+    """The process seals with the agent's key, which is neither in its arguments nor in its
+    environment (both readable in /proc by whoever shares the node's PID namespace)."""
+    key = ManifestKey.new()
+    ca = new_ca("test-ca")
+    new_serving_certificate(ca, ["127.0.0.1"]).write(tmp_path / "tls.crt", tmp_path / "tls.key")
+    port = free_port()
+    server = WebhookProcess("127.0.0.1", port, tmp_path / "tls.crt", tmp_path / "tls.key", key)
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(30):
+            while not server.started:
+                await asyncio.sleep(0.05)
+        shown = b"".join(
+            Path(f"/proc/{server.pid}/{name}").read_bytes()  # noqa: ASYNC240 (tiny, in /proc)
+            for name in ("cmdline", "environ")
+        )
+        for form in (key.secret, base64.b64encode(key.secret), key.secret.hex().encode()):
+            assert form not in shown
+        context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+        connector = aiohttp.TCPConnector(ssl=context)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            pod = elected_pod()
+            async with session.post(f"https://127.0.0.1:{port}/mutate", json=review(pod)) as resp:
+                patch = orjson.loads(base64.b64decode((await resp.json())["response"]["patch"]))
+        annotations = apply_patch(pod, patch)["metadata"]["annotations"]
+        found = verify(
+            key,
+            NAMESPACE,
+            annotations[keys.SOURCEPOD_MANIFEST],
+            annotations[keys.SOURCEPOD_MANIFEST_MAC],
+        )
+        assert found.user == user_hash(USER)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def test_a_webhook_process_given_no_key_does_not_serve():
+    import subprocess
+    import sys
+
+    counts = AnswerCounts()
+    child = subprocess.run(
+        [sys.executable, "-m", "multicluster_scheduler.webhook.child", "--host=127.0.0.1",
+         "--port=1", "--cert-file=x", "--key-file=y", f"--counts-fd={counts.fd}"],
+        input=b"not a key\n", capture_output=True, timeout=30, pass_fds=(counts.fd,),
+    )  # fmt: skip
+    assert b"no manifest key on stdin: not serving" in child.stderr
+    assert b"not a key" not in child.stderr

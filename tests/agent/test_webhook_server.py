@@ -13,6 +13,7 @@ import pytest
 from multicluster import metrics
 from multicluster_scheduler.api import keys
 from tests.webhook.json_patch import apply_patch
+from tests.webhook.sealing import NAMESPACE, USER_INFO
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def elected_pod() -> dict:
         "kind": "Pod",
         "metadata": {
             "name": "web",
-            "namespace": "default",
+            "namespace": NAMESPACE,
             "labels": {"app": "web"},
             "annotations": {keys.ELECT: ""},
         },
@@ -48,7 +49,8 @@ def review(obj: object, *, operation: str = "CREATE", kind: str = "Pod") -> dict
             "uid": "abc-123",
             "kind": {"group": "", "version": "v1", "kind": kind},
             "operation": operation,
-            "namespace": "default",
+            "userInfo": USER_INFO,
+            "namespace": NAMESPACE,
             "object": obj,
         },
     }

@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
+import orjson
 import pytest
 
 from multicluster import Request, Result
@@ -21,6 +22,7 @@ from multicluster.errors import ApiError, Forbidden
 from multicluster.resources import EVENTS, NAMESPACES, PODS
 from multicluster.testing import Action, FakeCluster, FakeServer
 from multicluster_scheduler.api import keys
+from multicluster_scheduler.api.manifest_mac import ManifestKey
 from multicluster_scheduler.api.proxy import (
     delegate_name,
     delegate_pod,
@@ -37,6 +39,7 @@ from multicluster_scheduler.targets.registry import (
 )
 from multicluster_scheduler.webhook.mutation import mutation_patch
 from tests.webhook.json_patch import apply_patch
+from tests.webhook.sealing import KEY, sealer
 from tests.worlds import attach
 
 NS = "team-a"
@@ -103,7 +106,7 @@ def elected(
 
 def proxied(pod: dict) -> dict:
     """The pod as the API server stores it once the webhook mutated it: a proxy pod."""
-    return apply_patch(pod, mutation_patch(pod))
+    return apply_patch(pod, mutation_patch(pod, sealer(pod["metadata"]["namespace"])))
 
 
 # -- a source cluster, its scheduler and its targets ----------------------------------------------
@@ -119,13 +122,18 @@ class World:
         verify_timeout: float = 30.0,
         workers: int = 16,
         namespaces: tuple[str, ...] = (NS,),
+        manifest_key: ManifestKey = KEY,
     ) -> None:
         self.local = FakeCluster(LOCAL)
         self.local.server.add(NAMESPACES, *map(namespace, namespaces))
         self.registry = TargetRegistry()
         self.lookup = DelegateLookup(self.registry, proxy_informer(self.local), ME)
         self.scheduler = Scheduler(
-            self.local, self.lookup, verify_timeout=verify_timeout, workers=workers
+            self.local,
+            self.lookup,
+            verify_timeout=verify_timeout,
+            workers=workers,
+            manifest_key=manifest_key,
         )
         self.targets: dict[str, FakeCluster] = {}
         self.connections: dict[str, TargetConnection] = {}
@@ -784,6 +792,141 @@ async def test_a_pod_not_made_by_the_webhook_is_not_placed(
         f"not a proxy pod made by the webhook (it has {lacks}): create the pod with the "
         f"{keys.ELECT} annotation in an enabled namespace instead"
     )
+
+
+# -- a manifest changed after admission ----------------------------------------------------------
+
+PRIVILEGED = {
+    "hostNetwork": True,
+    "hostPID": True,
+    "serviceAccountName": "admin",
+    "containers": [
+        {
+            "name": "root",
+            "image": "busybox",
+            "securityContext": {"privileged": True},
+            "volumeMounts": [{"name": "host", "mountPath": "/host"}],
+        }
+    ],
+    "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+}
+
+
+def rewritten(pod: dict) -> dict:
+    """A proxy pod whose manifest its tenant replaced with a spec of their own (kubectl
+    annotate --overwrite): the MAC stays."""
+    proxy = proxied(pod)
+    manifest = orjson.loads(proxy["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST])
+    manifest["spec"] = PRIVILEGED
+    proxy["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST] = orjson.dumps(manifest).decode()
+    return proxy
+
+
+def mac_removed(pod: dict) -> dict:
+    """The same, its MAC taken off too."""
+    proxy = rewritten(pod)
+    del proxy["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST_MAC]
+    return proxy
+
+
+def sealed_elsewhere(pod: dict) -> dict:
+    """A manifest and MAC the webhook wrote for a pod of the same name in another namespace."""
+    other = proxied({**pod, "metadata": {**pod["metadata"], "namespace": "team-b"}})
+    proxy = proxied(pod)
+    for key in (keys.SOURCEPOD_MANIFEST, keys.SOURCEPOD_MANIFEST_MAC):
+        proxy["metadata"]["annotations"][key] = other["metadata"]["annotations"][key]
+    return proxy
+
+
+def another_pods(pod: dict) -> dict:
+    """The manifest and MAC of another pod of the namespace, copied onto this one."""
+    other = proxied(elected("admin-debug"))
+    proxy = proxied(pod)
+    for key in (keys.SOURCEPOD_MANIFEST, keys.SOURCEPOD_MANIFEST_MAC):
+        proxy["metadata"]["annotations"][key] = other["metadata"]["annotations"][key]
+    return proxy
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        pytest.param(
+            rewritten,
+            f"its {keys.SOURCEPOD_MANIFEST_MAC}: it does not verify for this manifest in this "
+            "namespace",
+            id="rewritten",
+        ),
+        pytest.param(
+            mac_removed,
+            f"it has no {keys.SOURCEPOD_MANIFEST_MAC}, and the pod was made after the key that "
+            "seals manifests: by hand, or admitted by the webhook of an earlier release while "
+            "this one rolled out",
+            id="mac-removed",
+        ),
+        pytest.param(
+            sealed_elsewhere,
+            f"its {keys.SOURCEPOD_MANIFEST_MAC}: it does not verify for this manifest in this "
+            "namespace",
+            id="another-namespace",
+        ),
+        pytest.param(another_pods, "it was saved for pod 'admin-debug'", id="another-pod"),
+    ],
+)
+async def test_a_manifest_the_webhook_did_not_save_for_the_pod_is_never_placed(
+    world: World, make: Callable[[dict], dict], why: str
+) -> None:
+    await world.submit(make(elected("web")), webhook=False)
+    await world.reconcile("web")
+    assert world.placed() == {}
+    condition = await condition_seen(world, "web")
+    assert condition["message"] == (
+        f"its {keys.SOURCEPOD_MANIFEST} annotation is not the one multicluster-scheduler saved "
+        f"when the pod was created ({why}): a delegate runs only what this cluster's admission "
+        "saw, so none is made from it; delete the pod (its owner, if it has one, makes it again)"
+    )
+    await until(lambda: world.events("FailedScheduling"))
+    (event,) = world.events("FailedScheduling")
+    assert (event["type"], event["message"]) == ("Warning", condition["message"])
+    assert event["involvedObject"]["name"] == "web"
+
+
+async def test_a_manifest_changed_while_the_pod_waits_is_never_placed(
+    make_world: Callable[..., Awaitable[World]],
+) -> None:
+    """The tenant's pod waits (no target has its region), the tenant rewrites its manifest,
+    then room is made: nothing is placed."""
+    world = await make_world()
+    await world.connect("eu", node("eu-1", region="eu"))
+    await world.submit(elected("web", node_selector={"region": "us"}))
+    await world.reconcile("web")
+    assert "node affinity/selector" in (await condition_seen(world, "web"))["message"]
+    saved = world.proxy("web")["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST]
+    forged = orjson.dumps({**orjson.loads(saved), "spec": PRIVILEGED}).decode()
+    patch = {"metadata": {"annotations": {keys.SOURCEPOD_MANIFEST: forged}}}
+    await world.local.client.patch(PODS, "web", patch, NS)
+    await until(
+        lambda: world.proxy("web")["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST] == forged
+    )
+    await world.connect("us", node("us-1", region="us"))
+    await world.reconcile("web")
+    assert world.placed() == {}
+    await until(
+        lambda: "does not verify" in pod_condition(world.proxy("web"), "PodScheduled")["message"]
+    )
+
+
+async def test_a_proxy_pod_made_before_the_key_is_placed_without_a_mac(
+    make_world: Callable[..., Awaitable[World]],
+) -> None:
+    """An earlier release's webhook wrote no MAC: its pods, made before the key, still go."""
+    later = ManifestKey(KEY.secret, created=time.time() + 3600)
+    world = await make_world(manifest_key=later)
+    await world.connect("c1", node("n-1"))
+    legacy = proxied(elected("old"))
+    del legacy["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST_MAC]
+    await world.submit(legacy, webhook=False)
+    await world.reconcile("old")
+    assert world.placed() == {"c1": [delegate_of(world, "old")]}
 
 
 # -- the agent's own identity in a target ---------------------------------------------------------

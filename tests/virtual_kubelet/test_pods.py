@@ -31,6 +31,7 @@ from multicluster_scheduler.targets.registry import (
 from multicluster_scheduler.virtual_kubelet.pods import REFUSED_REASON, PodSync
 from multicluster_scheduler.webhook.mutation import mutation_patch
 from tests.webhook.json_patch import apply_patch
+from tests.webhook.sealing import SEAL
 from tests.worlds import attach
 
 ME = "cluster-1"  # this cluster's name, on the delegates it makes
@@ -161,7 +162,7 @@ class World:
     async def proxy(self, name: str) -> dict:
         """An elected pod, created as the webhook mutates it."""
         pod = elected(name)
-        return await self.client.create(PODS, apply_patch(pod, mutation_patch(pod)), NS)
+        return await self.client.create(PODS, apply_patch(pod, mutation_patch(pod, SEAL)), NS)
 
     async def place(self, proxy: dict, connection: TargetConnection, *, bind: bool = True) -> dict:
         """What the scheduler does: the delegate created in the target (where its scheduler puts
@@ -317,7 +318,7 @@ async def running_job_pod(world: World, target) -> dict:
     Running through its delegate in ``target``; that delegate."""
     pod = elected("work-1")
     pod["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
-    proxy = await world.client.create(PODS, apply_patch(pod, mutation_patch(pod)), NS)
+    proxy = await world.client.create(PODS, apply_patch(pod, mutation_patch(pod, SEAL)), NS)
     delegate = await world.place(proxy, target)
     await world.run_delegate(target, delegate, RUNNING)
     await until(lambda: world.proxy_status("work-1").get("phase") == "Running", what="Running")

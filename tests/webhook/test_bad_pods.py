@@ -19,6 +19,7 @@ from multicluster_scheduler.webhook.mutation import (
     mutation_patch,
 )
 from tests.webhook.json_patch import apply_patch
+from tests.webhook.sealing import KEY, NAMESPACE, SEAL, USER_INFO
 
 
 def pod(annotations: dict | None = None, labels: dict | None = None, **spec) -> dict:
@@ -27,7 +28,7 @@ def pod(annotations: dict | None = None, labels: dict | None = None, **spec) -> 
         "kind": "Pod",
         "metadata": {
             "name": "web",
-            "namespace": "default",
+            "namespace": NAMESPACE,
             "annotations": {keys.ELECT: "", **(annotations or {})},
             "labels": labels or {},
         },
@@ -40,6 +41,8 @@ def review(obj: object, **top) -> bytes:
         "uid": "u",
         "kind": {"group": "", "version": "v1", "kind": "Pod"},
         "operation": "CREATE",
+        "namespace": NAMESPACE,
+        "userInfo": USER_INFO,
         "object": obj,
     }
     return orjson.dumps({"apiVersion": "admission.k8s.io/v1", **top, "request": request})
@@ -50,7 +53,7 @@ def annotation_bytes(annotations: dict[str, str]) -> int:
 
 
 def mutated_annotations(p: dict) -> dict[str, str]:
-    return apply_patch(p, mutation_patch(p))["metadata"]["annotations"]
+    return apply_patch(p, mutation_patch(p, SEAL))["metadata"]["annotations"]
 
 
 class TestSize:
@@ -61,12 +64,12 @@ class TestSize:
         assert annotation_bytes(mutated_annotations(fits)) >= ANNOTATIONS_LIMIT - 1
         assert annotation_bytes(mutated_annotations(fits)) <= ANNOTATIONS_LIMIT
         with pytest.raises(ValueError, match="too large"):
-            mutation_patch(pod({"example.com/blob": "x" * (pad + 1)}))
+            mutation_patch(pod({"example.com/blob": "x" * (pad + 1)}), SEAL)
 
     def test_a_refusal_gives_the_sizes(self):
         p = pod({"example.com/blob": "x" * (ANNOTATIONS_LIMIT // 2)})
         with pytest.raises(ValueError, match="too large") as refused:
-            mutation_patch(p)
+            mutation_patch(p, SEAL)
         message = str(refused.value)
         assert keys.SOURCEPOD_MANIFEST in message
         assert str(ANNOTATIONS_LIMIT) in message
@@ -76,21 +79,21 @@ class TestSize:
     def test_multibyte_characters_count_as_their_utf8_bytes(self):
         p = pod({"example.com/blob": "é" * (ANNOTATIONS_LIMIT // 4)})  # 2 bytes each
         with pytest.raises(ValueError, match="too large"):
-            mutation_patch(p)
+            mutation_patch(p, SEAL)
 
     def test_a_huge_spec_counts_too(self):
         env = [{"name": f"V{i}", "value": "x" * 1000} for i in range(300)]
         p = pod(containers=[{"name": "main", "image": "busybox", "env": env}])
         with pytest.raises(ValueError, match="too large"):
-            mutation_patch(p)
+            mutation_patch(p, SEAL)
 
     def test_an_existing_manifest_is_not_measured_again(self):
         p = pod({keys.SOURCEPOD_MANIFEST: "{}", "example.com/blob": "x" * 200_000})
-        assert not [op for op in mutation_patch(p) if "annotations" in op["path"]]
+        assert not [op for op in mutation_patch(p, SEAL) if "annotations" in op["path"]]
 
     def test_the_review_refuses_it_with_code_400(self):
         body = review(pod({"example.com/blob": "x" * 200_000}))
-        result, answer = answer_review(body)
+        result, answer = answer_review(body, KEY)
         assert result == "refused"
         assert answer["response"]["status"]["code"] == 400
         assert "too large" in answer["response"]["status"]["message"]
@@ -99,16 +102,16 @@ class TestSize:
 class TestNodeName:
     def test_a_pod_bound_to_a_node_is_refused(self):
         with pytest.raises(ValueError, match=re.escape("spec.nodeName is set ('node-1')")):
-            mutation_patch(pod(nodeName="node-1"))
+            mutation_patch(pod(nodeName="node-1"), SEAL)
 
     @pytest.mark.parametrize("node", [None, ""])
     def test_an_unset_node_name_is_fine(self, node):
-        assert mutation_patch(pod(nodeName=node))
+        assert mutation_patch(pod(nodeName=node), SEAL)
 
     def test_an_unelected_pod_bound_to_a_node_is_admitted_unchanged(self):
         p = pod(nodeName="node-1")
         del p["metadata"]["annotations"][keys.ELECT]
-        assert answer_review(review(p)) == (
+        assert answer_review(review(p), KEY) == (
             "allowed",
             {
                 "apiVersion": "admission.k8s.io/v1",
@@ -141,21 +144,21 @@ class TestLabelWarnings:
 
     def test_the_review_carries_them_next_to_the_patch(self):
         p = pod(labels={"a/app": "x", "b/app": "y"})
-        result, answer = answer_review(review(p))
+        result, answer = answer_review(review(p), KEY)
         assert result == "patched"
         assert answer["response"]["warnings"] == label_warnings(p)
 
     def test_they_are_given_once_when_the_manifest_is_saved(self):
         p = pod(labels={"a/app": "x", "b/app": "y"})
-        proxy = apply_patch(p, mutation_patch(p))
-        result, answer = answer_review(review(proxy))
+        proxy = apply_patch(p, mutation_patch(p, SEAL))
+        result, answer = answer_review(review(proxy), KEY)
         assert result == "allowed"
         assert "warnings" not in answer["response"]
         p["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST] = "{}"  # the delegate's labels
         assert label_warnings(p) == []
 
     def test_no_warnings_no_field(self):
-        _, answer = answer_review(review(pod(labels={"app": "x"})))
+        _, answer = answer_review(review(pod(labels={"app": "x"})), KEY)
         assert "warnings" not in answer["response"]
 
 
@@ -170,9 +173,9 @@ class TestLabelWarnings:
 )
 def test_a_review_of_another_version_or_kind_is_not_an_admission_review(top, reason):
     with pytest.raises(ValueError, match=reason):
-        answer_review(review(pod(), **top))
+        answer_review(review(pod(), **top), KEY)
 
 
 def test_a_review_without_version_and_kind_is_still_answered():
     body = orjson.dumps({"request": orjson.loads(review(pod()))["request"]})
-    assert answer_review(body)[0] == "patched"
+    assert answer_review(body, KEY)[0] == "patched"

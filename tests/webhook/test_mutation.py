@@ -16,6 +16,7 @@ from json_patch import apply_patch
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.webhook.mutation import is_elected, mutation_patch
 from multicluster_scheduler.webhook.server import answer_review
+from tests.webhook.sealing import KEY, NAMESPACE, SEAL, USER_INFO
 
 PROXY_TOLERATIONS = [
     {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "admiralty"},
@@ -31,7 +32,7 @@ def user_pod() -> dict:
         "kind": "Pod",
         "metadata": {
             "generateName": "web-",
-            "namespace": "default",
+            "namespace": NAMESPACE,
             "labels": {"app": "web", "example.com/tier": "front"},
             "annotations": {keys.ELECT: "", "example.com/note": "kept"},
             "finalizers": ["example.com/keep"],
@@ -65,7 +66,7 @@ def user_pod() -> dict:
 
 
 def mutate(pod: dict) -> dict:
-    return apply_patch(pod, mutation_patch(pod))
+    return apply_patch(pod, mutation_patch(pod, SEAL))
 
 
 def assert_proxy(proxy: dict) -> None:
@@ -110,11 +111,25 @@ class TestSteps:
         assert orjson.loads(manifest) == user_pod()
 
     def test_an_existing_manifest_is_left_alone(self):
+        """(Whether it is the webhook's own is checked before: ``reinvocation``.)"""
         pod = user_pod()
         pod["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST] = "{}"
-        ops = mutation_patch(pod)
+        ops = mutation_patch(pod, SEAL)
         assert not [op for op in ops if op["path"].startswith("/metadata/annotations")]
         assert mutate(pod)["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST] == "{}"
+
+    def test_the_manifest_is_saved_with_its_mac(self):
+        pod = user_pod()
+        annotations = mutate(pod)["metadata"]["annotations"]
+        manifest = annotations[keys.SOURCEPOD_MANIFEST]
+        assert annotations[keys.SOURCEPOD_MANIFEST_MAC] == SEAL(manifest)
+
+    def test_a_pod_without_annotations_gets_both_in_one_operation(self):
+        pod = user_pod()
+        del pod["metadata"]["annotations"]
+        ops = [op for op in mutation_patch(pod, SEAL) if "annotations" in op["path"]]
+        assert [(op["op"], op["path"]) for op in ops] == [("add", "/metadata/annotations")]
+        assert set(ops[0]["value"]) == {keys.SOURCEPOD_MANIFEST, keys.SOURCEPOD_MANIFEST_MAC}
 
     def test_tolerations_are_replaced(self):
         assert mutate(user_pod())["spec"]["tolerations"] == PROXY_TOLERATIONS
@@ -135,7 +150,7 @@ class TestSteps:
     def test_absent_affinity_is_not_removed(self):
         pod = user_pod()
         del pod["spec"]["affinity"], pod["spec"]["topologySpreadConstraints"]
-        assert not [op for op in mutation_patch(pod) if op["op"] == "remove"]
+        assert not [op for op in mutation_patch(pod, SEAL) if op["op"] == "remove"]
 
     def test_deletion_is_immediate_but_finalized(self):
         metadata = mutate(user_pod())["metadata"]
@@ -146,7 +161,7 @@ class TestSteps:
     def test_a_wrong_has_finalizer_label_is_corrected(self):
         pod = user_pod()
         pod["metadata"]["labels"][keys.HAS_FINALIZER] = "false"
-        ops = mutation_patch(pod)
+        ops = mutation_patch(pod, SEAL)
         label_path = "/metadata/labels/multicluster.admiralty.io~1has-finalizer"
         assert {"op": "replace", "path": label_path, "value": "true"} in ops
 
@@ -156,7 +171,7 @@ class TestSteps:
         pod["spec"]["terminationGracePeriodSeconds"] = grace
         proxy = mutate(pod)
         assert type(proxy["spec"]["terminationGracePeriodSeconds"]) is int
-        assert mutation_patch(proxy) == []
+        assert mutation_patch(proxy, SEAL) == []
 
     def test_what_follow_controllers_read_is_unchanged(self):
         pod, proxy = user_pod(), mutate(user_pod())
@@ -166,6 +181,7 @@ class TestSteps:
         }
         annotations = dict(proxy["metadata"]["annotations"])
         del annotations[keys.SOURCEPOD_MANIFEST]
+        del annotations[keys.SOURCEPOD_MANIFEST_MAC]
         assert annotations == pod["metadata"]["annotations"]
         assert proxy["spec"]["containers"] == pod["spec"]["containers"]
         assert proxy["spec"]["volumes"] == pod["spec"]["volumes"]
@@ -175,14 +191,14 @@ class TestSteps:
 
     def test_the_input_is_not_modified(self):
         pod = user_pod()
-        mutation_patch(pod)
+        mutation_patch(pod, SEAL)
         assert pod == user_pod()
 
 
 class TestShapes:
     def test_missing_maps_and_lists_are_added_whole(self):
         pod = {"metadata": {"name": "p"}, "spec": {"containers": []}}
-        ops = mutation_patch(pod)
+        ops = mutation_patch(pod, SEAL)
         assert {op["path"] for op in ops} == {
             "/metadata/annotations",
             "/metadata/labels",
@@ -200,7 +216,7 @@ class TestShapes:
         assert_proxy(mutate(pod))
 
     def test_missing_metadata_and_spec_are_added_whole(self):
-        ops = mutation_patch({"kind": "Pod"})
+        ops = mutation_patch({"kind": "Pod"}, SEAL)
         assert [(op["op"], op["path"]) for op in ops] == [("add", "/metadata"), ("add", "/spec")]
         proxy = mutate({"kind": "Pod"})
         assert_proxy(proxy)
@@ -209,7 +225,7 @@ class TestShapes:
         }
 
     def test_our_keys_are_escaped_in_pointers(self):
-        paths = {op["path"] for op in mutation_patch(user_pod())}
+        paths = {op["path"] for op in mutation_patch(user_pod(), SEAL)}
         assert "/metadata/annotations/multicluster.admiralty.io~1sourcepod-manifest" in paths
         assert "/metadata/labels/multicluster.admiralty.io~1has-finalizer" in paths
 
@@ -236,12 +252,12 @@ class TestShapes:
     )
     def test_unusable_pods_are_refused_with_a_reason(self, pod, reason):
         with pytest.raises(ValueError, match=reason):
-            mutation_patch(pod)
+            mutation_patch(pod, SEAL)
 
 
 class TestIdempotence:
     def test_a_proxy_pod_needs_no_patch(self):
-        assert mutation_patch(mutate(user_pod())) == []
+        assert mutation_patch(mutate(user_pod()), SEAL) == []
 
     def test_reinvocation_keeps_the_first_manifest(self):
         once = mutate(user_pod())
@@ -302,7 +318,7 @@ pods = optional_fields(
 @given(pods)
 def test_any_pod_like_object_becomes_a_proxy_pod(pod):
     received = copy.deepcopy(pod)
-    ops = mutation_patch(pod)
+    ops = mutation_patch(pod, SEAL)
     assert pod == received
     for op in ops:
         assert op["op"] in ("add", "remove", "replace")
@@ -313,13 +329,13 @@ def test_any_pod_like_object_becomes_a_proxy_pod(pod):
     if keys.SOURCEPOD_MANIFEST not in ((pod.get("metadata") or {}).get("annotations") or {}):
         manifest = proxy["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST]
         assert orjson.loads(manifest) == received
-    assert mutation_patch(proxy) == []
+    assert mutation_patch(proxy, SEAL) == []
 
 
 @given(json_values)
 def test_anything_else_is_refused_or_mutated(value):
     try:
-        ops = mutation_patch(value)
+        ops = mutation_patch(value, SEAL)
     except ValueError:
         return
     assert_proxy(apply_patch(value, ops))
@@ -330,6 +346,8 @@ def review(obj: object, *, operation: object = "CREATE", kind: object = None) ->
         "uid": "u",
         "kind": {"group": "", "version": "v1", "kind": "Pod"} if kind is None else kind,
         "operation": operation,
+        "namespace": NAMESPACE,
+        "userInfo": USER_INFO,
         "object": obj,
     }
     return orjson.dumps({"apiVersion": "admission.k8s.io/v1", "request": request})
@@ -338,7 +356,7 @@ def review(obj: object, *, operation: object = "CREATE", kind: object = None) ->
 @given(st.binary(max_size=64) | json_values.map(orjson.dumps))
 def test_any_body_is_answered_or_refused_as_not_a_review(body):
     with contextlib.suppress(ValueError):
-        answer_review(body)
+        answer_review(body, KEY)
 
 
 @settings(max_examples=300)
@@ -348,7 +366,7 @@ def test_any_body_is_answered_or_refused_as_not_a_review(body):
     kind=st.none() | json_values,
 )
 def test_any_review_is_answered(obj, operation, kind):
-    result, answer = answer_review(review(obj, operation=operation, kind=kind))
+    result, answer = answer_review(review(obj, operation=operation, kind=kind), KEY)
     response = answer["response"]
     assert response["uid"] == "u"
     assert result in ("allowed", "patched", "refused")
@@ -367,8 +385,12 @@ def test_elected_pods_get_the_mutation_patch(pod):
         **(pod["metadata"] or {}),
         "annotations": {**((pod["metadata"] or {}).get("annotations") or {}), keys.ELECT: ""},
     }
-    result, answer = answer_review(review(pod))
-    ops = mutation_patch(pod)
+    result, answer = answer_review(review(pod), KEY)
+    if keys.SOURCEPOD_MANIFEST in pod["metadata"]["annotations"]:
+        assert result == "refused", "a manifest the webhook did not write for this request"
+        assert "did not write for you in this namespace" in answer["response"]["status"]["message"]
+        return
+    ops = mutation_patch(pod, SEAL)
     assert result == ("patched" if ops else "allowed")
     if ops:
         assert orjson.loads(base64.b64decode(answer["response"]["patch"])) == ops
@@ -409,7 +431,7 @@ affinity:
     assert "topologySpreadConstraints" not in spec
     manifest = orjson.loads(proxy["metadata"]["annotations"][keys.SOURCEPOD_MANIFEST])
     assert manifest["spec"] == pod["spec"], "the delegate keeps the pod's own constraints"
-    assert mutation_patch(proxy) == [], "a reinvocation changes nothing"
+    assert mutation_patch(proxy, SEAL) == [], "a reinvocation changes nothing"
 
 
 def test_use_constraints_from_spec_moves_the_pods_constraints_to_the_proxy():
@@ -420,7 +442,7 @@ def test_use_constraints_from_spec_moves_the_pods_constraints_to_the_proxy():
     assert spec["tolerations"] == [*PROXY_TOLERATIONS, *pod["spec"]["tolerations"]]
     assert spec["affinity"] == pod["spec"]["affinity"]
     assert spec["topologySpreadConstraints"] == pod["spec"]["topologySpreadConstraints"]
-    assert mutation_patch(proxy) == [], "a reinvocation reads the saved manifest"
+    assert mutation_patch(proxy, SEAL) == [], "a reinvocation reads the saved manifest"
 
 
 @pytest.mark.parametrize(
@@ -437,11 +459,11 @@ def test_use_constraints_from_spec_moves_the_pods_constraints_to_the_proxy():
 )
 def test_a_constraints_annotation_that_is_not_a_fragment_refuses_the_pod(text, says):
     with pytest.raises(ValueError, match=says):
-        mutation_patch(annotated(**{CONSTRAINTS: text}))
+        mutation_patch(annotated(**{CONSTRAINTS: text}), SEAL)
 
 
 def test_an_invalid_no_prefix_label_regexp_refuses_the_pod_with_the_reason():
     pod = annotated(**{keys.NO_PREFIX_LABEL_REGEXP: "a(b"})
     with pytest.raises(ValueError, match=r"no-prefix-label-regexp is not a regular .*missing \)"):
-        mutation_patch(pod)
-    assert mutation_patch(annotated(**{keys.NO_PREFIX_LABEL_REGEXP: "^app="}))
+        mutation_patch(pod, SEAL)
+    assert mutation_patch(annotated(**{keys.NO_PREFIX_LABEL_REGEXP: "^app="}), SEAL)

@@ -23,6 +23,7 @@ from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.naming import prefixed_label_key
 from multicluster_scheduler.webhook.app import MAX_BODY, RESULTS, create_app
 from tests.webhook.json_patch import apply_patch
+from tests.webhook.sealing import KEY, NAMESPACE, USER_INFO
 
 PROXY_TOLERATIONS = [
     {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "admiralty"},
@@ -30,7 +31,7 @@ PROXY_TOLERATIONS = [
     {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
     {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
 ]
-OURS = (keys.SOURCEPOD_MANIFEST, keys.HAS_FINALIZER)
+OURS = (keys.SOURCEPOD_MANIFEST, keys.SOURCEPOD_MANIFEST_MAC, keys.HAS_FINALIZER)
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -45,7 +46,7 @@ def call(
 ) -> tuple[Answer, list[str]]:
     """One request through the ASGI application; the answer and what it counted."""
     counted: list[str] = []
-    app = create_app(counted.append)
+    app = create_app(counted.append, KEY, lambda: 1_800_000_000.0)  # the same MAC each time
     size = max(1, -(-len(body) // chunks))
     parts = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
     messages = [
@@ -85,7 +86,8 @@ def review(obj: object, *, operation: object = "CREATE", kind: object = "Pod", u
             "kind": {"group": "", "version": "v1", "kind": kind},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "operation": operation,
-            "namespace": "default",
+            "userInfo": USER_INFO,
+            "namespace": NAMESPACE,
             "object": obj,
         },
     }

@@ -43,6 +43,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ include "mcs.fullname" . }}-webhook-ca
 {{- end -}}
 
+{{- define "mcs.manifestKeySecretName" -}}
+{{ include "mcs.fullname" . }}-manifest-key
+{{- end -}}
+
 {{- define "mcs.certSecretName" -}}
 {{ include "mcs.fullname" . }}-webhook-cert
 {{- end -}}
