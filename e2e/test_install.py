@@ -120,6 +120,23 @@ def test_templates(bin_dir, values):
     cert_manager = any(d["kind"] == "Certificate" for d in docs)
     assert cert_manager == ("webhook.certManager.enabled=true" in values)
     assert any(d["kind"] == "PodDisruptionBudget" for d in docs)
+    warnings = f"{RELEASE}-warnings"
+    policy = next(d for d in docs if d["metadata"]["name"] == warnings)
+    assert (policy["kind"], policy["spec"]["failurePolicy"]) == (
+        "ValidatingAdmissionPolicy",
+        "Ignore",
+    )
+    binding = next(
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["metadata"]["name"] == warnings
+    )
+    assert binding["spec"] == {"policyName": warnings, "validationActions": ["Warn"]}
+
+
+def test_admission_warnings_may_be_turned_off(bin_dir):
+    docs = render(bin_dir, "admissionWarnings.enabled=false")
+    assert not any(d["metadata"]["name"] == f"{RELEASE}-warnings" for d in docs)
 
 
 def metrics_of(install: Installation, context: str) -> str:
@@ -384,7 +401,13 @@ def test_uninstall_leaves_nothing_of_ours_behind(
             "name",
         )
         assert leftovers == ""
-        for kind in ("mutatingwebhookconfigurations", "clusterroles", "clusterrolebindings"):
+        for kind in (
+            "mutatingwebhookconfigurations",
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings",
+            "clusterroles",
+            "clusterrolebindings",
+        ):
             names = kubectl(context, "get", kind, "-o", "name")
             assert "multicluster-scheduler" not in names, names
         for kind in ("secret", "lease"):
