@@ -124,3 +124,16 @@ def test_a_broken_link_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_link_and_anchor_leads_somewhere(path: Path):
     assert broken_links(path) == []
+
+
+def test_the_readme_opens_with_the_architecture_picture():
+    """A Mermaid block (GitHub renders it; its text is its source) before anything else of the
+    README's, and the picture of each controller in docs/architecture.md."""
+    readme = (ROOT / "README.md").read_text()
+    first_block = readme.index("```")
+    assert readme[first_block:].startswith("```mermaid\nflowchart")
+    assert first_block < readme.index("\n## ")
+    picture = readme[first_block : readme.index("```\n", first_block + 3)]
+    for step in ("webhook", "proxy pod", "scheduler", "delegate", "status and events"):
+        assert step in picture, step
+    assert "```mermaid\nflowchart" in (ROOT / "docs" / "architecture.md").read_text()

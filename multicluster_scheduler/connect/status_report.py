@@ -389,7 +389,8 @@ def problems(observed: Observed, targets: list[dict]) -> list[dict]:
         if elects_in(namespace, observed) is not False:
             continue
         mine = [t["name"] for t in targets if t["namespace"] == namespace]
-        served = f"Targets {', '.join(mine)}" if mine else "ClusterTargets serving it"
+        plural = "s" if len(mine) > 1 else ""
+        served = f"Target{plural} {', '.join(mine)}" if mine else "ClusterTargets serving it"
         found.append(
             {
                 "reason": "NamespaceNotEnabled",
