@@ -95,6 +95,7 @@ def environment() -> dict[str, str]:
 
 
 IMAGE_CACHE = "/root/.cache/multicluster-scheduler/image"
+PIP_CACHE = "/root/.cache/pip"
 TESTBIN_CACHE = "/root/.cache/multicluster-scheduler/testbin"
 
 

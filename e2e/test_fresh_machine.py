@@ -3,14 +3,14 @@ this machine's root under an overlay, with no Docker, no buildah, no container r
 debootstrap, no caches, and here no Go either, with a copy of the repository).
 
 - ``./dev image`` installs what it needs from Debian and builds the agent's image (its RUN
-  steps need a container runtime, which Debian's buildah only recommends). The image's base is
-  kept between runs in a cache of this test's own (``~/.cache/multicluster-scheduler/
-  fresh-machine-image``): a first run makes it (about 4.5 minutes in all here), later ones make
-  only the agent's image on it, RUN steps included (about 2 minutes, a minute of it pip).
+  steps need a container runtime, which Debian's buildah only recommends). The image's base
+  and pip's downloads are kept between runs in caches of this test's own
+  (``~/.cache/multicluster-scheduler/fresh-machine-*``): a first run makes the base (about
+  4.5 minutes in all here), later ones only install the packages and build the agent's image
+  on that base, RUN steps included.
 - ``./dev demo`` runs without Go once the test bed's binaries are built (they are mounted from
   this machine, read only), its report ends with the lines to paste, and getting started's
-  step 6, pasted after them, steers nginx to cluster2; ``./dev down`` stops it (about 2
-  minutes, a minute of it pip).
+  step 6, pasted after them, steers nginx to cluster2; ``./dev down`` stops it.
 
 Linux and root only; skipped elsewhere with the reason.
 """
@@ -26,6 +26,7 @@ import pytest
 
 from e2e.freshmachine import (
     IMAGE_CACHE,
+    PIP_CACHE,
     TESTBIN_CACHE,
     fresh_machine_blocker,
     run_on_fresh_machine,
@@ -45,9 +46,14 @@ def fresh_machine():
         pytest.skip(blocker)
 
 
-def run(script: str, log: Path, **options):
+def run(script: str, log: Path, mounts: dict[str, Path] | None = None, **options):
+    """``script`` on a fresh machine; pip's downloads are kept between runs (a cache of this
+    test's own): what is tested is what is installed, not how fast PyPI answers."""
+    pip = image_cache_root().parent / "fresh-machine-pip"
     started = time.monotonic()
-    ran = run_on_fresh_machine(script, log=log, **options)
+    ran = run_on_fresh_machine(
+        script, log=log, mounts={PIP_CACHE: pip, **(mounts or {})}, **options
+    )
     print(f"fresh machine: exit {ran.returncode} in {time.monotonic() - started:.0f}s; log {log}")
     print(ran.stdout[-6000:])
     return ran
