@@ -32,7 +32,7 @@ from e2e.freshmachine import (
     run_on_fresh_machine,
 )
 from e2e.image.builder import cache_root as image_cache_root
-from e2e.testbin.builder import cache_root as testbin_cache_root
+from e2e.testbin import builder as bed_binaries
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "getting-started.md"
@@ -126,7 +126,7 @@ def test_the_demo_runs_without_go_and_getting_started_goes_on_after_it(
             "./dev down",
         ]
     )
-    testbin = testbin_cache_root()
+    testbin = bed_binaries.cache_root()
     ran = run(
         script,
         tmp_path / "demo.log",
