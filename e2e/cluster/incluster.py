@@ -41,7 +41,7 @@ def install_command(image: str, contexts: list[str]) -> str:
     quoted = " ".join(shlex.quote(c) for c in contexts)
     return (
         f"for CONTEXT in {quoted}; do\n"
-        f"  helm install {RELEASE} charts/{CHART.name} --kube-context \"$CONTEXT\" \\\n"
+        f'  helm install {RELEASE} charts/{CHART.name} --kube-context "$CONTEXT" \\\n'
         f"    --namespace {NAMESPACE} --create-namespace --wait "
         f"-f {REAL_NODE_VALUES.relative_to(ROOT)} \\\n"
         f"    --set image.repository={repository} --set image.tag={tag}\n"
