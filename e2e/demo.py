@@ -60,6 +60,7 @@ TARGET_NAMES = ("c1", "c2")
 ENABLED = "multicluster-scheduler=enabled"
 REPLICAS = 10
 
+DEV_COMMANDS = {"up": "./dev demo", "down": "./dev down"}
 DEMO_STATE = "demo.json"
 REMOTE_STATE = "remote.json"
 LOCK = "demo.lock"
@@ -290,6 +291,24 @@ def table(found: list[Placement], source: str) -> list[str]:
     ]
 
 
+def shell_lines(tools: Tools, contexts: tuple[str, str], namespace: str) -> list[str]:
+    """What to paste into a shell to go on by hand, as getting started does from its step 6:
+    the kubeconfig, the commands (kubectl and helm of the test bed, multicluster-scheduler and
+    its kubectl plugin), and the guide's variables. Absolute paths: they work from any folder."""
+    lines = []
+    if tools.kubeconfig:
+        lines.append(f"export KUBECONFIG={shlex.quote(str(tools.kubeconfig.resolve()))}")
+    paths = []
+    venv_bin = Path(sys.prefix) / "bin"
+    if (venv_bin / "multicluster-scheduler").exists():
+        paths.append(str(venv_bin))
+    paths.append(str(tools.bin_dir.resolve()))
+    lines.append(f'export PATH={":".join(shlex.quote(p) for p in paths)}:"$PATH"')
+    source, target = contexts
+    lines.append(f"CLUSTER1={source} CLUSTER2={target} NAMESPACE={namespace}")
+    return lines
+
+
 def report(
     found: list[Placement],
     tools: Tools,
@@ -304,23 +323,26 @@ def report(
     source, target = contexts
     ns = [] if namespace == LOCAL_NAMESPACE else ["-n", namespace]
     looks = [
-        (source, [*ns, "get", "pods", "-o", "wide"], "proxy pods on virtual nodes, c1's delegates"),
-        (target, [*ns, "get", "pods", "-o", "wide"], "c2's delegates"),
-        (source, ["get", "nodes"], "real and virtual nodes"),
-        (source, [*ns, "get", "targets"], "the connections"),
-        (source, [*ns, "logs", "deployment/nginx"], "a delegate's log, asked of its proxy pod"),
-    ]
-    print("\nLook further:")
-    if shutil.which("kubectl") is None:
-        print(f"  export PATH={short_path(tools.bin_dir)}:$PATH   # kubectl and helm")
-    commands = [display(tools.kubectl(ctx, *args)) for ctx, args, _ in looks]
-    if tools.kubeconfig:
-        shown = short_path(tools.kubeconfig)
-        commands = [c.replace(str(tools.kubeconfig), shown) for c in commands]
+        (["kubectl", "--context", source, *ns, "get", "pods", "-o", "wide"],
+         "proxy pods on virtual nodes, c1's delegates"),
+        (["kubectl", "--context", target, *ns, "get", "pods", "-o", "wide"], "c2's delegates"),
+        (["kubectl", "--context", source, "get", "nodes"], "real and virtual nodes"),
+        (["multicluster-scheduler", "status", "--context", source, *ns],
+         "the targets, and where nginx runs"),
+        (["kubectl", "--context", source, *ns, "logs", "deployment/nginx"],
+         "a delegate's log, asked of its proxy pod"),
+    ]  # fmt: skip
+    print("\nLook further, once the lines at the end are pasted into your shell:")
+    commands = [shlex.join(argv) for argv, _ in looks]
     width = max(map(len, commands))
-    for command, (_, _, why) in zip(commands, looks, strict=True):
+    for command, (_, why) in zip(commands, looks, strict=True):
         print(f"  {command.ljust(width)}  # {why}")
     print(f"\nStop it: {stop}   Start over: {again}")
+    print(
+        "\nPaste these lines into your shell to use the demo's clusters (getting started goes on "
+        "from step 6 with them, docs/getting-started.md):\n"
+    )
+    print("\n".join(shell_lines(tools, contexts, namespace)))
 
 
 # -- local demo ----------------------------------------------------------------------------------
@@ -864,11 +886,19 @@ def _interrupt(*_) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__)
+    # ./dev runs this as `./dev demo` and `./dev down`: usage lines say so.
+    prog = argparse.ArgumentParser(add_help=False)
+    prog.add_argument("--prog", default="python -m e2e.demo")
+    called = prog.parse_known_args(argv)[0].prog
+    parser = argparse.ArgumentParser(prog=called, description=__doc__)
     parser.add_argument("--prog", default="python -m e2e.demo", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("up", "down"):
-        p = sub.add_parser(name, help="run the demo" if name == "up" else "stop it, clean up")
+        p = sub.add_parser(
+            name,
+            prog=DEV_COMMANDS[name] if called == "./dev" else f"{called} {name}",
+            help="run the demo" if name == "up" else "stop it, clean up",
+        )
         p.add_argument("--dir", default=".testbed", help="folder for its state (default .testbed)")
         p.add_argument(
             "--contexts",

@@ -2,7 +2,9 @@
 
 Real nodes (:mod:`e2e.realnode`) run kubelet and containerd, which are built from their Go
 modules, over runc and the CNI plugins, which come from the distribution; images are built
-with buildah, on a base made by debootstrap (:mod:`e2e.image`). Whatever is missing is installed
+with buildah, on a base made by debootstrap (:mod:`e2e.image`), and buildah runs the
+Dockerfile's ``RUN`` steps with runc: Debian's buildah only recommends a runtime, and apt-get
+leaves recommendations out here, so runc is asked for by name. Whatever is missing is installed
 with apt-get, once, when it is first needed. Real nodes also need what no package gives: Linux,
 root (namespaces, mounts, cgroups) and cgroup hierarchies; :func:`real_node_blocker` says which
 of those is missing, so that tests are skipped with that reason instead of failing.
@@ -18,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from e2e.progress import progress
+
 # Debian package -> a file it installs (present: nothing to do).
 PACKAGES = {
     "runc": "/usr/sbin/runc",
@@ -28,7 +32,7 @@ PACKAGES = {
     "util-linux": "/usr/bin/unshare",
 }
 REAL_NODE_PACKAGES = ("runc", "containernetworking-plugins", "iproute2", "util-linux")
-IMAGE_PACKAGES = ("buildah", "debootstrap")
+IMAGE_PACKAGES = ("buildah", "runc", "debootstrap")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -55,7 +59,7 @@ def image_blocker() -> str | None:
         return None
     if sys.platform != "linux" or os.geteuid() != 0 or not shutil.which("apt-get"):
         return (
-            "building the image needs a Docker daemon, or buildah and debootstrap (Debian "
+            "building the image needs a Docker daemon, or buildah, runc and debootstrap (Debian "
             "packages, installed here only as root on Debian or Ubuntu)"
         )
     return None
@@ -90,7 +94,8 @@ def ensure_packages(packages: tuple[str, ...], log=None) -> float:
             ["apt-get", "update", "-q"],
             ["apt-get", "install", "-y", "-q", "--no-install-recommends", *wanted],
         ):
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+            with progress(" ".join(argv[:2])):
+                proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise SetupError(f"{' '.join(argv)} failed:\n{proc.stdout[-2000:]}{proc.stderr}")
     if missing(packages):

@@ -59,8 +59,9 @@ def test_demo_runs_nginx_across_two_clusters_and_down_leaves_nothing(demo_dir: P
     assert sum(rows.values()) == 10
     assert re.search(r"^Ready in \d+ s\.$", up.stdout, re.MULTILINE)
     kubeconfig = demo_dir / "kubeconfig"
-    assert f"kubectl --kubeconfig {kubeconfig} --context cluster2 get pods -o wide" in up.stdout
+    assert "kubectl --context cluster2 get pods -o wide" in up.stdout
     assert f"Stop it: python -m e2e.demo down --dir {demo_dir}" in up.stdout
+    assert up.stdout.splitlines()[-3] == f"export KUBECONFIG={kubeconfig}"
 
     # What the report says is what runs: delegates Running in both clusters.
     kubectl = Kubectl(kubeconfig, bin_dir)
@@ -397,13 +398,37 @@ def test_hints_speak_the_users_words(tmp_path):
     )
 
 
-def test_report_says_where_kubectl_is_when_it_is_not_on_the_path(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(demo.shutil, "which", lambda name: None)
+def test_the_report_ends_with_the_lines_to_paste(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "multicluster-scheduler").touch()
+    monkeypatch.setattr(demo.sys, "prefix", str(venv))
     tools = demo.Tools(tmp_path / "bin", tmp_path / ".testbed" / "kubeconfig", tmp_path / "helm")
     found = [demo.Placement("cluster1", "c1", "admiralty-namespace-default-c1", True, 7, 1)]
     demo.report(found, tools, demo.LOCAL_CLUSTERS, "default", "./dev down", "./dev demo --restart")
     out = capsys.readouterr().out
-    assert "  export PATH=bin:$PATH   # kubectl and helm" in out
-    assert "kubectl --kubeconfig .testbed/kubeconfig --context cluster1 get pods -o wide" in out
+    assert out.splitlines()[-3:] == [
+        f"export KUBECONFIG={tmp_path}/.testbed/kubeconfig",
+        f'export PATH={venv}/bin:{tmp_path}/bin:"$PATH"',
+        "CLUSTER1=cluster1 CLUSTER2=cluster2 NAMESPACE=default",
+    ]
+    assert "  kubectl --context cluster1 get pods -o wide" in out
+    assert "  multicluster-scheduler status --context cluster1" in out
     assert re.search(r"cluster1\s+c1\s+admiralty-namespace-default-c1\s+7 \(\+1 starting\)", out)
+
+
+def test_the_lines_to_paste_on_your_clusters_keep_your_kubeconfig(tmp_path):
+    tools = demo.Tools(tmp_path / "bin", None, tmp_path / "helm")
+    lines = demo.shell_lines(tools, ("prod", "burst"), "mcsdemo")
+    assert lines[0].startswith("export PATH=")
+    assert lines[1] == "CLUSTER1=prod CLUSTER2=burst NAMESPACE=mcsdemo"
+
+
+def test_help_names_the_command_as_typed(capsys):
+    with pytest.raises(SystemExit):
+        demo.main(["--prog", "./dev", "up", "--help"])
+    assert capsys.readouterr().out.startswith("usage: ./dev demo ")
+    with pytest.raises(SystemExit):
+        demo.main(["--prog", "./dev", "down", "--help"])
+    assert capsys.readouterr().out.startswith("usage: ./dev down ")

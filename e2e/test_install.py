@@ -198,6 +198,23 @@ def test_templates(bin_dir, values):
     agent = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
     assert any(agent in c["expression"] for c in policy["spec"]["matchConditions"])
     assert ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-proxy-pods") in kinds
+    warnings = f"{RELEASE}-warnings"
+    policy = next(d for d in docs if d["metadata"]["name"] == warnings)
+    assert (policy["kind"], policy["spec"]["failurePolicy"]) == (
+        "ValidatingAdmissionPolicy",
+        "Ignore",
+    )
+    binding = next(
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["metadata"]["name"] == warnings
+    )
+    assert binding["spec"] == {"policyName": warnings, "validationActions": ["Warn"]}
+
+
+def test_admission_warnings_may_be_turned_off(bin_dir):
+    docs = render(bin_dir, "admissionWarnings.enabled=false")
+    assert not any(d["metadata"]["name"] == f"{RELEASE}-warnings" for d in docs)
 
 
 def metrics_of(install: Installation, context: str) -> str:
@@ -464,7 +481,13 @@ def test_uninstall_leaves_nothing_of_ours_behind(
             "name",
         )
         assert leftovers == ""
-        for kind in ("mutatingwebhookconfigurations", "clusterroles", "clusterrolebindings"):
+        for kind in (
+            "mutatingwebhookconfigurations",
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings",
+            "clusterroles",
+            "clusterrolebindings",
+        ):
             names = kubectl(context, "get", kind, "-o", "name")
             assert "multicluster-scheduler" not in names, names
         for kind in ("secret", "lease"):

@@ -603,7 +603,13 @@ def test_unjoin_removes_what_join_made_and_its_delegates(
 
         dry = unjoin(testbed, "-n", namespace, "--dry-run")
         assert dry.returncode == 0, dry.stderr
+        running = (
+            f"3 pods run in target {TARGET} (bound to virtual node {node}): their delegates there "
+            "{} deleted with the Target, and their owners make new pods, which go to another "
+            "target or wait Pending"
+        )
         assert dry.stdout.splitlines() == [
+            running.format("would be"),
             f"Target {namespace}/{TARGET} would be deleted in {SOURCE}",
             f"Secret {namespace}/{TARGET} would be deleted in {SOURCE}",
             f"Source {namespace}/{SOURCE} would be deleted in {TARGET} (its service account and "
@@ -619,6 +625,7 @@ def test_unjoin_removes_what_join_made_and_its_delegates(
         print(f"unjoin took {time.monotonic() - started:.1f}s")
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.splitlines() == [
+            running.format("are"),
             f"Target {namespace}/{TARGET} deleted in {SOURCE}",
             f"virtual node {node} deleted by the agent, with its delegates and copies",
             f"Secret {namespace}/{TARGET} deleted in {SOURCE}",
@@ -647,15 +654,37 @@ def test_unjoin_removes_what_join_made_and_its_delegates(
         )
 
         again = unjoin(testbed, "-n", namespace)
-        assert again.returncode == 0, again.stderr
+        assert again.returncode == 1
         assert again.stdout.splitlines() == [
             f"Target {namespace}/{TARGET} not found in {SOURCE}",
             f"Secret {namespace}/{TARGET} not found in {SOURCE}",
             f"Source {namespace}/{SOURCE} not found in {TARGET}",
         ]
+        assert again.stderr == (
+            f"error: nothing to unjoin: Target {namespace}/{TARGET} not found, and no Target is "
+            f"in namespace {namespace} of {SOURCE} (unjoined already?)\n"
+        )
     finally:
         kubectl(SOURCE, "delete", "deployment", "nginx", "-n", namespace, "--wait=false")
         wait_for(lambda: nothing_left(kubectl, namespace), 60, what="proxies and delegates gone")
+
+
+def test_unjoin_with_other_names_than_joins_names_the_targets_and_deletes_nothing(
+    installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str
+):
+    joined = join(testbed, "-n", namespace, "--name", "c1", "--target-name", "c2", "--no-wait")
+    assert joined.returncode == 0, joined.stderr
+    before = joined_objects(kubectl, namespace)
+    proc = unjoin(testbed, "-n", namespace)  # the names derived from the contexts
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"error: nothing to unjoin: Target {namespace}/{TARGET} not found in {SOURCE}; the Target "
+        f"in namespace {namespace} of {SOURCE}: c2. Give the names join was given: --target-name "
+        "for the Target (and --name for its Source in the target, if join had one)\n"
+    )
+    assert joined_objects(kubectl, namespace) == before
+    done = unjoin(testbed, "-n", namespace, "--name", "c1", "--target-name", "c2")
+    assert done.returncode == 0, done.stderr
 
 
 def test_unjoin_keeps_a_secret_join_did_not_write(

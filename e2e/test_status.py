@@ -123,15 +123,24 @@ def scene(installation: Installation, testbed: TestBed, kubectl: Kubectl):
 
 
 def test_joined_targets_are_ready_and_nothing_runs_yet(scene, testbed: TestBed):
+    """Ready, but the namespace is not enabled yet: nothing would be elected, and status says
+    so (exit code 3)."""
     proc = status(testbed, "-n", NAMESPACE)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:5] == ["TARGET", "READY", "REASON", "VIRTUAL", "NODE"]
     assert [line.split()[:5] for line in lines[1:3]] == [
         ["c1", "True", "Ready", C1, "Ready"],
         ["c2", "True", "Ready", C2, "Ready"],
     ]
-    assert lines[3:] == ["", f"No proxy pods in namespace {NAMESPACE}."]
+    assert lines[3:] == [
+        "",
+        f"No proxy pods in namespace {NAMESPACE}.",
+        "",
+        f"namespace {NAMESPACE} has Targets c1, c2 but is not labelled "
+        "multicluster-scheduler=enabled: no pod of it is elected, they all run in this cluster; "
+        f"kubectl label namespace {NAMESPACE} multicluster-scheduler=enabled",
+    ]
 
 
 def test_a_spread_deployment_a_waiting_pod_and_an_unreachable_target(
@@ -363,12 +372,15 @@ def test_a_tenant_sees_its_namespace_and_is_told_what_it_may_not_read(
     proc = cli(config, "status")  # the context's namespace: web
     assert proc.returncode == 3
     warnings = proc.stderr.splitlines()
-    assert len(warnings) == 3
+    assert len(warnings) == 4
     assert warnings[0].startswith("warning: cannot list ClusterTargets in context tenant (403")
     assert warnings[1].startswith("warning: cannot list nodes in context tenant (403 Forbidden")
-    assert warnings[2].startswith(f"warning: cannot read ReplicaSet {NAMESPACE}/nginx-")
-    assert "(403 Forbidden: " in warnings[2]
-    assert warnings[2].endswith("): pods of such ReplicaSets are counted by ReplicaSet")
+    assert warnings[1].endswith("nor whether an agent keeps them")
+    assert warnings[2].startswith(f"warning: cannot read namespace {NAMESPACE} (403 Forbidden")
+    assert warnings[2].endswith("): whether it is enabled is not said")
+    assert warnings[3].startswith(f"warning: cannot read ReplicaSet {NAMESPACE}/nginx-")
+    assert "(403 Forbidden: " in warnings[3]
+    assert warnings[3].endswith("): pods of such ReplicaSets are counted by ReplicaSet")
     lines = proc.stdout.splitlines()
     assert lines[1].split()[:5] == ["c1", "True", "Ready", C1, "?"]
     assert any(line.startswith("replicaset/nginx-") for line in lines)

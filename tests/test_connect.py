@@ -600,6 +600,9 @@ class FakeClient:
         ]
         if field_selector == f"type={TOKEN_TYPE}":
             items = [o for o in items if o.get("type") == TOKEN_TYPE]
+        elif field_selector and field_selector.startswith("spec.nodeName="):
+            node = field_selector.split("=", 1)[1]
+            items = [o for o in items if (o.get("spec") or {}).get("nodeName") == node]
         return items, str(self.version)
 
     async def create(self, resource, body, namespace=None):
@@ -976,6 +979,18 @@ def rejoin_plan() -> JoinPlan:
     )
 
 
+def test_no_kubeconfig_says_how_to_give_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConnectError) as error:
+        load_kubeconfig()
+    assert str(error.value) == (
+        f"no kubeconfig found (looked at {tmp_path}/.kube/config): give one with --kubeconfig "
+        "FILE, or set KUBECONFIG=FILE (the demo's is .testbed/kubeconfig in the clone; its report "
+        "ends with the export line)"
+    )
+
+
 def test_a_ready_condition_from_before_the_secret_changed_is_stale():
     stale = ready_target("2024-01-01T10:00:00Z")["status"]["conditions"][0]
     assert fresh_ready_condition(ready_target("2024-01-01T10:00:00Z"), stale) is None
@@ -1229,11 +1244,62 @@ async def test_unjoin_deletes_the_target_first_and_waits_for_its_node():
         "Source t/cluster1 deleted in cluster2 (its service account and bindings go with it)",
         "Secret t/cluster1-token deleted in cluster2 (the token export made for t/cluster1)",
     ]
-    assert await unjoin_lines(source, target) == [
+    lines = []
+    with pytest.raises(ConnectError) as again:
+        await unjoin(rejoin_plan(), source, target, timeout=0.3, report=lines.append)
+    assert lines == [
         "Target t/cluster2 not found in cluster1",
         "Secret t/cluster2 not found in cluster1",
         "Source t/cluster1 not found in cluster2",
     ]
+    assert str(again.value) == (
+        "nothing to unjoin: Target t/cluster2 not found, and no Target is in namespace t of "
+        "cluster1 (unjoined already?)"
+    )
+
+
+async def test_unjoin_with_names_join_was_not_given_names_the_targets_there():
+    source, target, plan = joining()
+    await join(plan, source, target, wait=False, report=lambda _: None)
+    stored = copy.deepcopy(source.client.objects), copy.deepcopy(target.client.objects)
+    wrong = plan_from(
+        join_args(
+            "--source-context", "cluster1", "--target-context", "cluster2", "-n", "t",
+            "--name", "c1", "--target-name", "c2",
+        )
+    )  # fmt: skip
+    with pytest.raises(ConnectError) as error:
+        await unjoin(wrong, source, target, timeout=0.3, report=lambda _: None)
+    assert str(error.value) == (
+        "nothing to unjoin: Target t/c2 not found in cluster1; the Target in namespace t of "
+        "cluster1: cluster2. Give the names join was given: --target-name for the Target (and "
+        "--name for its Source in the target, if join had one)"
+    )
+    assert (source.client.objects, target.client.objects) == stored
+
+
+async def test_unjoin_says_how_many_running_pods_go_back_to_their_owners():
+    source, target, plan = joining()
+    await join(plan, source, target, wait=False, report=lambda _: None)
+    node = "admiralty-namespace-t-cluster2"
+    owner = [{"kind": "ReplicaSet", "name": "nginx-1", "controller": True}]
+    for name, phase, owners in (("a", "Running", owner), ("b", "Pending", owner),
+                                ("c", "Running", []), ("d", "Succeeded", owner)):  # fmt: skip
+        source.client.put(
+            "pods",
+            {
+                "metadata": {"name": name, "namespace": "t", "ownerReferences": owners},
+                "spec": {"nodeName": node},
+                "status": {"phase": phase},
+            },
+        )
+    lines = await unjoin_lines(source, target, dry_run=True)
+    assert lines[0] == (
+        "3 pods run in target cluster2 (bound to virtual node admiralty-namespace-t-cluster2): "
+        "their delegates there would be deleted with the Target, and their owners make new pods, "
+        "which go to another target or wait Pending; 1 without an owner is deleted for good"
+    )
+    assert lines[1] == "Target t/cluster2 would be deleted in cluster1"
 
 
 async def test_unjoin_leaves_secrets_it_did_not_write_or_that_another_target_uses():

@@ -5,6 +5,7 @@ warnings, a missing namespace or context an error)."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import io
 import json
 
@@ -93,6 +94,7 @@ def proxy(name, node_name=None, owner=None, phase="Running", scheduled=None, nam
     return pod
 
 
+NOW = dt.datetime(2026, 11, 26, 10, 0, 30, tzinfo=dt.UTC)
 RS = ("ReplicaSet", "nginx-5d4f8")
 CONTROLLERS = {("ReplicaSet", NS, "nginx-5d4f8"): ("Deployment", "nginx")}
 
@@ -115,6 +117,8 @@ def observed(**changes) -> Observed:
         "nodes": [node(C1), node(C2, ready="False")],
         "proxies": proxies,
         "controllers": CONTROLLERS,
+        # The targets' conditions are 30 s old: gpu's virtual node may still be on its way.
+        "now": NOW,
     }
     return Observed(**(values | changes))
 
@@ -131,6 +135,7 @@ def test_targets_their_readiness_virtual_nodes_and_use():
         "allocatable": {"cpu": "12", "memory": "48Gi", "pods": "330"},
         "requested": {"cpu": "600m", "memory": "192Mi", "pods": "6"},
         "proxyPods": 6,
+        "lastHeartbeatTime": None,
     }
     assert (c2["ready"], c2["reason"], c2["message"]) == (
         False,
@@ -307,6 +312,8 @@ def test_json_and_yaml_are_the_report():
         "ready",
         "targets",
         "workloads",
+        "notElected",
+        "problems",
         "warnings",
     ]
     assert report["version"] == 1
@@ -513,3 +520,154 @@ def test_what_clusters_wrote_reaches_the_terminal_as_text_only():
             assert obeyed not in text
         assert text.count("\x1b") == (text.count("\x1b[0m") * 2 if colour else 0)
         assert "evil [2J 2J ]0;owned fake linedesrever" in text
+
+
+# -- what makes pods run at home without a word --------------------------------------------------
+
+
+def heartbeat(name: str, when: str, ready: str = "True") -> dict:
+    found = node(name, ready=ready)
+    found["status"]["conditions"][0]["lastHeartbeatTime"] = when
+    return found
+
+
+def namespace(name: str, enabled: bool = True) -> dict:
+    labels = {"multicluster-scheduler": "enabled"} if enabled else {}
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def local_pod(name: str, annotations: dict, owner=RS, namespace=NS, **labels) -> dict:
+    pod = proxy(name, owner=owner, namespace=namespace, annotations=annotations, labels=labels)
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    return pod
+
+
+def test_a_target_whose_agent_is_silent_is_not_ready():
+    nodes = [heartbeat(C1, "2026-11-26T09:59:50Z"), heartbeat(C2, "2026-11-26T09:50:00Z")]
+    report = build_report(
+        observed(targets=[target("c1"), target("c2")], cluster_targets=[], nodes=nodes)
+    )
+    c1, c2 = report["targets"]
+    assert c1["ready"] is True
+    assert c1["virtualNode"]["lastHeartbeatTime"] == "2026-11-26T09:59:50Z"
+    assert (c2["ready"], c2["status"], c2["reason"]) == (False, "Unknown", "AgentNotSeen")
+    assert c2["message"] == (
+        f"no agent has written its virtual node {C2} for 10m (since 2026-11-26T09:50:00Z): no "
+        "agent is running in context cluster1"
+    )
+    assert c2["hint"].startswith("the agents must run in this cluster: kubectl get pods -n")
+    assert exit_code(report) == EXIT_NOT_READY
+
+
+def test_a_ready_target_without_its_virtual_node_is_not_ready_once_it_should_have_one():
+    later = NOW + dt.timedelta(minutes=5)
+    report = build_report(observed(now=later))
+    gpu = report["targets"][2]
+    assert (gpu["ready"], gpu["reason"]) == (False, "AgentNotSeen")
+    assert gpu["message"].startswith(f"its virtual node {GPU} does not exist: no agent keeps")
+    # Within a minute of becoming Ready, the node may still be on its way.
+    assert build_report(observed())["targets"][2]["ready"] is True
+
+
+def test_after_an_uninstall_no_target_is_ready_and_the_leftovers_are_named():
+    """helm uninstall leaves the CRDs, so the Targets and their last conditions stay; the
+    webhook configuration and the virtual nodes go, and ReplicaSets make ordinary pods."""
+    pods = [local_pod(f"nginx-{i}", {"multicluster.admiralty.io/elect": ""}) for i in range(3)]
+    report = build_report(
+        observed(
+            targets=[target("c1")],
+            cluster_targets=[],
+            nodes=[],
+            installed=False,
+            namespaces={NS: namespace(NS)},
+            pods=pods,
+        )
+    )
+    (c1,) = report["targets"]
+    assert (c1["ready"], c1["reason"]) == (False, "AgentNotSeen")
+    assert c1["message"].startswith("multicluster-scheduler is not installed in context cluster1")
+    assert [p["reason"] for p in report["problems"]] == ["NotInstalled"]
+    (nginx,) = report["notElected"]
+    assert (nginx["kind"], nginx["name"], nginx["pods"], nginx["reason"]) == (
+        "Deployment",
+        "nginx",
+        3,
+        "NotMutated",
+    )
+    assert exit_code(report) == EXIT_NOT_READY
+    text = render_table(report)
+    assert "multicluster-scheduler is not installed in context cluster1: no webhook" in text
+    assert "Pods that run in this cluster although they look elected:" in text
+    assert (
+        "  deployment/nginx: 3 pods carry multicluster.admiralty.io/elect but are not proxy pods "
+        "(made before the namespace was labelled, or while no webhook of multicluster-scheduler "
+        "answered): they run in this cluster; once the webhook answers, delete them and their "
+        "owner makes proxy pods"
+    ) in text
+
+
+def test_a_namespace_with_targets_that_is_not_enabled_and_its_elected_pods():
+    pods = [local_pod(f"nginx-{i}", {"multicluster.admiralty.io/elect": ""}) for i in range(2)]
+    pods.append(local_pod("nginx-x", {"multicluster.admiralty.io/elect": ""}, parent="x"))
+    pods[-1]["metadata"]["labels"] = {"multicluster.admiralty.io/parent-uid": "u"}  # a delegate
+    report = build_report(
+        observed(
+            targets=[target("c1"), target("c2")],
+            namespaces={NS: namespace(NS, enabled=False)},
+            pods=pods,
+        )
+    )
+    (problem,) = report["problems"]
+    assert problem == {
+        "reason": "NamespaceNotEnabled",
+        "namespace": NS,
+        "message": "namespace prod has Targets c1, c2 but is not labelled "
+        "multicluster-scheduler=enabled: no pod of it is elected, they all run in this cluster",
+        "hint": "kubectl label namespace prod multicluster-scheduler=enabled",
+    }
+    (nginx,) = report["notElected"]
+    assert nginx["message"] == (
+        "2 pods carry multicluster.admiralty.io/elect but their namespace is not labelled "
+        "multicluster-scheduler=enabled: they run in this cluster"
+    )
+    assert exit_code(report) == EXIT_NOT_READY
+
+
+def test_pods_with_a_key_like_the_election_are_named_with_it():
+    pods = [
+        local_pod("web-0", {"multicluster.admiralty.io/elected": ""}),
+        local_pod("job-0", {"multicluster.admiralty/elect": ""}, owner=("Job", "report")),
+        local_pod("fine", {"app": "x"}),
+    ]
+    report = build_report(observed(namespaces={NS: namespace(NS)}, pods=pods))
+    assert [(w["kind"], w["name"], w["reason"], w["keys"]) for w in report["notElected"]] == [
+        ("Deployment", "nginx", "MisspeltKey", ["multicluster.admiralty.io/elected"]),
+        ("Job", "report", "MisspeltKey", ["multicluster.admiralty/elect"]),
+    ]
+    assert report["notElected"][1]["message"] == (
+        "1 pod carries multicluster.admiralty/elect, not multicluster.admiralty.io/elect: it runs "
+        "in this cluster"
+    )
+    assert report["problems"] == []
+
+
+def test_memory_reads_as_kubectl_prints_it():
+    nodes = [node(C1, memory="125244988Ki"), node(C2)]
+    text = render_table(build_report(observed(nodes=nodes)))
+    assert "192Mi/119.4Gi" in text
+    assert "96Mi/48Gi" in text
+
+
+def test_observe_reads_the_namespaces_their_pods_and_whether_the_chart_is_installed():
+    objects = cluster_objects()
+    objects["namespaces"] = [namespace(NS, enabled=False)]
+    objects["pods"].append(local_pod("web-0", {"multicluster.admiralty.io/elected": ""}))
+    objects["mutatingwebhookconfigurations"] = []
+    report = build_report(asyncio.run(observe(context(objects), NS)))
+    assert [p["reason"] for p in report["problems"]] == ["NotInstalled", "NamespaceNotEnabled"]
+    assert [w["name"] for w in report["notElected"]] == ["nginx"]
+    assert report["notElected"][0]["kind"] == "Deployment"  # its ReplicaSet was read
+
+    tenant = context(objects, refused=("pods", "mutatingwebhookconfigurations"))
+    with pytest.raises(ConnectError):  # proxy pods are needed
+        asyncio.run(observe(tenant, NS))

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ..testbin import build
-from .incluster import InClusterInstallation
+from .incluster import InClusterInstallation, install_command
 from .install import Installation
 from .testbed import ClusterSpec, TestBed
 
@@ -193,6 +193,7 @@ def up(args: argparse.Namespace) -> int:
     parse_specs(args)  # refuse bad options before starting anything
     directory.mkdir(parents=True, exist_ok=True)
     down(directory)
+    image = None
     try:
         bin_dir = build()
         if args.argo:
@@ -200,7 +201,7 @@ def up(args: argparse.Namespace) -> int:
         if args.real_nodes:
             from e2e.realnode import prepare
 
-            prepare()
+            image = prepare()[1].name
         if args.argo and args.real_nodes:
             from e2e.image import build_argoexec_image
 
@@ -249,6 +250,13 @@ def up(args: argparse.Namespace) -> int:
         return 130
     names = ", ".join(s.strip() for s in args.clusters.split(","))
     print(f"clusters {names} ready in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    if image and not args.install:
+        contexts = [s.strip() for s in args.clusters.split(",")]
+        print(
+            "Install the chart as users do, its agents on the real nodes (the fake ones run "
+            f"nothing):\n{install_command(image, contexts)}",
+            file=sys.stderr,
+        )
     print(f"export KUBECONFIG={directory / 'kubeconfig'} PATH={bin_dir}:$PATH")
     return 0
 

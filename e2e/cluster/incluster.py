@@ -11,26 +11,42 @@ taint). Compare :mod:`e2e.cluster.install`, where the agents run as local proces
 from __future__ import annotations
 
 import json
+import shlex
 import time
+from pathlib import Path
 
-from e2e.realnode import REAL_NODE_KEY
+import yaml
 
 from .install import CHART, NAMESPACE, RELEASE, ChartTools
 from .testbed import TestBed, wait_for
 
 SELECTOR = f"app.kubernetes.io/name={RELEASE}"
+ROOT = Path(__file__).resolve().parents[2]
+# Where the agents run on the test bed: its real nodes (the file says why).
+REAL_NODE_VALUES = ROOT / "e2e" / "realnode" / "chart-values.yaml"
 
 
 def chart_values(image: str) -> dict:
-    """The values a user of these clusters would set: the image, and the nodes for the agent."""
+    """The values a user of these clusters would set: the image, and the nodes for the agent
+    (:data:`REAL_NODE_VALUES`)."""
     repository, _, tag = image.rpartition(":")
-    return {
-        "image": {"repository": repository, "tag": tag},
-        "agent": {
-            "nodeSelector": {REAL_NODE_KEY: "true"},
-            "tolerations": [{"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-        },
-    }
+    values = yaml.safe_load(REAL_NODE_VALUES.read_text())
+    return {"image": {"repository": repository, "tag": tag}, **values}
+
+
+def install_command(image: str, contexts: list[str]) -> str:
+    """The helm commands that install the chart as users do on the test bed's real nodes, as a
+    person types them from the clone."""
+    repository, _, tag = image.rpartition(":")
+    quoted = " ".join(shlex.quote(c) for c in contexts)
+    return (
+        f"for CONTEXT in {quoted}; do\n"
+        f'  helm install {RELEASE} charts/{CHART.name} --kube-context "$CONTEXT" \\\n'
+        f"    --namespace {NAMESPACE} --create-namespace --wait "
+        f"-f {REAL_NODE_VALUES.relative_to(ROOT)} \\\n"
+        f"    --set image.repository={repository} --set image.tag={tag}\n"
+        "done"
+    )
 
 
 class InClusterInstallation(ChartTools):

@@ -32,6 +32,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from e2e.progress import progress
 from e2e.testbin.builder import PINS_FILE, go_env, go_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +110,8 @@ def _run(argv: list[str], log_path: Path, what: str, **kwargs) -> subprocess.Com
     with log_path.open("ab") as out:
         out.write(f"\n$ {' '.join(argv)}\n".encode())
         out.flush()
-        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False, **kwargs)
+        with progress(what):
+            proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False, **kwargs)
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-3000:]
         raise ImageError(f"{what} failed ({' '.join(argv[:3])} …); end of {log_path}:\n{tail}")

@@ -25,6 +25,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2e.progress import progress
+
 PINS_FILE = Path(__file__).with_name("pins.toml")
 KWOK_STAGES_DIR = "kwok-stages"
 CRDS_DIR = "crds"
@@ -97,6 +99,38 @@ def go_version() -> str:
     return out.stdout.strip()
 
 
+def _bin_key(tools: list[Tool], gover: str) -> str:
+    key = hashlib.sha256(json.dumps([t.fingerprint() for t in tools] + [gover]).encode())
+    return key.hexdigest()[:12]
+
+
+def cached_go_version(tools: list[Tool]) -> str | None:
+    """The Go version of a complete build of ``tools`` in the cache (the newest), for a machine
+    where Go is not installed (or no longer): binaries built once need no Go to be found."""
+    found = []
+    for versions in cache_root().glob("bin-*/versions.json"):
+        folder = versions.parent
+        try:
+            gover = json.loads(versions.read_text()).get("go")
+        except (OSError, ValueError):
+            continue
+        complete = (folder / ".complete").exists()
+        if gover and complete and folder.name == f"bin-{_bin_key(tools, gover)}":
+            found.append((folder.stat().st_mtime, gover))
+    return max(found)[1] if found else None
+
+
+def usable_go_version(tools: list[Tool]) -> str:
+    """This machine's Go version; without Go, that of binaries already built."""
+    try:
+        return go_version()
+    except BuildError:
+        cached = cached_go_version(tools)
+        if cached is None:
+            raise
+        return cached
+
+
 def tool_dir(tool: Tool, gover: str) -> Path:
     return cache_root() / "tools" / f"{tool.name}-{tool.version}-{gover}-{tool.fingerprint()}"
 
@@ -105,10 +139,8 @@ def bin_dir(tools: list[Tool] | None = None, gover: str | None = None, group: st
     """The folder holding every pinned binary of ``group`` (and kwok's stage files) for this
     machine's Go."""
     tools = tools if tools is not None else load_pins(group=group)
-    gover = gover or go_version()
-    key = hashlib.sha256(json.dumps([t.fingerprint() for t in tools] + [gover]).encode())
-    key = key.hexdigest()[:12]
-    return cache_root() / f"bin-{key}"
+    gover = gover or usable_go_version(tools)
+    return cache_root() / f"bin-{_bin_key(tools, gover)}"
 
 
 def _run(cmd: list[str], cwd: Path, log) -> str:
@@ -167,6 +199,13 @@ def build_tool(tool: Tool, gover: str, log) -> Path:
     done = out / ".complete"
     if done.exists():
         return out
+    with progress(f"building {tool.name} {tool.version} from its Go module"):
+        _build_tool(tool, gover, out, log)
+    return out
+
+
+def _build_tool(tool: Tool, gover: str, out: Path, log) -> None:
+    done = out / ".complete"
     src = out / "src"
     shutil.rmtree(out, ignore_errors=True)
     src.mkdir(parents=True)
@@ -200,7 +239,6 @@ def build_tool(tool: Tool, gover: str, log) -> Path:
     shutil.rmtree(out / "module", ignore_errors=True)
     done.write_text(f"{time.monotonic() - started:.0f}\n")
     log(f"built {tool.name} {tool.version} in {time.monotonic() - started:.0f}s")
-    return out
 
 
 def build(log=None, group: str = "") -> Path:
@@ -211,7 +249,7 @@ def build(log=None, group: str = "") -> Path:
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     tools = load_pins(group=group)
-    gover = go_version()
+    gover = usable_go_version(tools)
     target = bin_dir(tools, gover)
     if (target / ".complete").exists():
         return target

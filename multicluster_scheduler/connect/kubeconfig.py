@@ -66,7 +66,11 @@ def load_kubeconfig(explicit: str | None = None) -> dict:
             raise ConnectError(f"kubeconfig {path} is not a mapping")
         documents.append((document, path))
     if not documents:
-        raise ConnectError(f"no kubeconfig found (looked at {', '.join(map(str, paths))})")
+        raise ConnectError(
+            f"no kubeconfig found (looked at {', '.join(map(str, paths))}): give one with "
+            "--kubeconfig FILE, or set KUBECONFIG=FILE (the demo's is .testbed/kubeconfig in "
+            "the clone; its report ends with the export line)"
+        )
     return merge_kubeconfigs(documents)
 
 

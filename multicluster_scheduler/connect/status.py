@@ -7,9 +7,13 @@ Deployment and CronJob, and prints the report that :mod:`.status_report` compute
 the report cannot do without is required: a user who may not read nodes or ClusterTargets (a
 namespace's tenant, say) gets the rest and a warning saying what is missing.
 
-Exit codes: 0 every target listed is Ready (or none is listed), 3 some target is not Ready,
-1 the cluster could not be read (a missing context or namespace, no answer, refused), 2 a
-usage error.
+It also looks for what makes pods run at home without a word: the namespaces of the Targets
+(enabled or not), the pods there that carry the election or a key like it and are not proxy
+pods, and the chart's webhook configuration (installed or not).
+
+Exit codes: 0 every target listed is Ready (or none is listed) and nothing keeps pods from being
+elected, 3 some target is not Ready or something does, 1 the cluster could not be read (a
+missing context or namespace, no answer, refused), 2 a usage error.
 """
 
 from __future__ import annotations
@@ -36,11 +40,22 @@ from .status_report import (
     Observed,
     build_report,
     exit_code,
+    namespaces_to_check,
+    not_elected_pods,
 )
 
 OWNER_RESOURCES = {"ReplicaSet": REPLICASETS, "Job": JOBS}
 OWNER_LOOKUPS = 16  # owners read at once
 VIRTUAL_NODES = f"{keys.PROVIDER_KEY}={keys.PROVIDER}"
+NOT_PROXIES = f"spec.schedulerName!={keys.PROXY_SCHEDULER_NAME}"
+WEBHOOK_CONFIGURATIONS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    namespaced=False,
+)
+CHART_LABEL = "app.kubernetes.io/part-of=multicluster-scheduler"
 
 EXAMPLES = """\
   # targets of the current context's namespace, and where its elected pods run
@@ -81,15 +96,74 @@ async def _optional(
         return None, f"cannot {what} (403 Forbidden: {refused.message}): {left_out}"
 
 
-async def _check_namespace(ctx: Context, namespace: str) -> None:
+async def _check_namespace(ctx: Context, namespace: str) -> dict | None:
+    """The namespace (None when it may not be read); an error when it does not exist."""
     try:
         found = await ctx.get(NAMESPACES, namespace)
     except ConnectError as e:
         if _forbidden(e):
-            return  # may not read namespaces: the lists below still say what they can
+            return None  # may not read namespaces: the lists below still say what they can
         raise
     if found is None:
         raise ConnectError(f"namespace {namespace} does not exist in context {ctx.name}")
+    return found
+
+
+async def _namespaces(ctx: Context, names: list[str], warnings: list[str]) -> dict[str, dict]:
+    """The namespaces ``names`` that may be read and exist, by name."""
+
+    async def read(name: str) -> dict | None:
+        try:
+            return await ctx.get(NAMESPACES, name)
+        except ConnectError as e:
+            refused = _forbidden(e)
+            if refused is None:
+                raise
+            warnings.append(
+                f"cannot read namespace {name} (403 Forbidden: {refused.message}): whether it "
+                "is enabled is not said"
+            )
+            return None
+
+    found = await asyncio.gather(*(read(name) for name in names))
+    return {name: ns for name, ns in zip(names, found, strict=True) if ns is not None}
+
+
+async def _installed(ctx: Context) -> bool | None:
+    """Whether the chart's webhook configuration exists (None: it may not be looked for)."""
+    try:
+        found = await _list(
+            ctx, WEBHOOK_CONFIGURATIONS, "list webhook configurations", None,
+            label_selector=CHART_LABEL,
+        )  # fmt: skip
+    except ConnectError as e:
+        if _forbidden(e):
+            return None
+        raise
+    return bool(found)
+
+
+async def _other_pods(
+    ctx: Context, namespaces: list[str], warnings: list[str]
+) -> list[dict] | None:
+    """The pods of ``namespaces`` that are not proxy pods (None when they may not be listed)."""
+
+    async def read(name: str) -> list[dict]:
+        return await _list(ctx, PODS, f"list pods in namespace {name}", name,
+                           field_selector=NOT_PROXIES)  # fmt: skip
+
+    try:
+        lists = await asyncio.gather(*(read(name) for name in namespaces))
+    except ConnectError as e:
+        refused = _forbidden(e)
+        if refused is None:
+            raise
+        warnings.append(
+            f"cannot list pods (403 Forbidden: {refused.message}): pods that carry the election "
+            "and run in this cluster are not looked for"
+        )
+        return None
+    return [pod for found in lists for pod in found]
 
 
 async def controllers_of(ctx: Context, proxies: list[dict], warnings: list[str]) -> Controllers:
@@ -140,31 +214,44 @@ async def observe(ctx: Context, namespace: str | None) -> Observed:
         _optional(
             _list(ctx, NODES, "list virtual nodes", None, label_selector=VIRTUAL_NODES),
             f"list nodes in context {ctx.name}",
-            "the virtual nodes' readiness and allocatable are not shown",
+            "the virtual nodes' readiness and allocatable are not shown, nor whether an agent "
+            "keeps them",
         ),
         _list(
             ctx, PODS, f"list proxy pods in {where}", namespace, field_selector=PROXY_FIELD_SELECTOR
         ),
+        _installed(ctx),
         return_exceptions=True,
     )
     for result in results:  # the first failure in the order above says the most
         if isinstance(result, BaseException):
             raise result
-    _, targets, (cluster_targets, no_cluster_targets), (nodes, no_nodes), proxies = cast(
-        tuple[None, list[dict], tuple, tuple, list[dict]], results
+    asked, targets, (cluster_targets, no_cluster_targets), (nodes, no_nodes), proxies, installed = (
+        cast(tuple[dict | None, list[dict], tuple, tuple, list[dict], bool | None], results)
     )
     warnings = [w for w in (no_cluster_targets, no_nodes) if w]
-    controllers = await controllers_of(ctx, proxies, warnings)
-    return Observed(
+    observed = Observed(
         context=ctx.name,
         namespace=namespace,
         targets=targets,
         cluster_targets=cluster_targets or [],
         nodes=nodes,
         proxies=proxies,
-        controllers=controllers,
         warnings=warnings,
+        installed=installed,
     )
+    names = namespaces_to_check(observed)
+    known = {namespace: asked} if namespace and asked else {}
+    observed.namespaces = known | await _namespaces(
+        ctx, [n for n in names if n not in known], warnings
+    )
+    # Where pods that should be elected are looked for: the namespace asked for; with -A, those
+    # of the Targets.
+    looked = [namespace] if namespace else names
+    observed.pods = await _other_pods(ctx, looked, warnings) if looked else []
+    flagged = [pod for pod, _ in not_elected_pods(observed)]
+    observed.controllers = await controllers_of(ctx, [*proxies, *flagged], warnings)
+    return observed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from typing import TextIO
 import orjson
 import yaml
 
+from ..api.quantity import QuantityError, is_binary, parse
 from ..virtual_kubelet.delegate_events import printable
 from .status_report import target_label
 
@@ -54,10 +55,31 @@ def table(header: list[str], rows: list[list[Cell]], colour: bool) -> list[str]:
     return lines
 
 
+BYTE_UNITS = (("Ti", 1024**4), ("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024))
+
+
+def readable(resource: str, quantity: str) -> str:
+    """A quantity as a person reads it: bytes in the largest binary unit, with one decimal at
+    most (``125244988Ki`` is ``119.4Gi``), as kubectl's tables print memory; other resources,
+    and what is not a quantity, as they are."""
+    if not is_binary(resource):
+        return quantity
+    try:
+        amount = parse(quantity)
+    except QuantityError:
+        return quantity
+    for unit, size in BYTE_UNITS:
+        if abs(amount) >= size:
+            scaled = float(amount / size)
+            text = f"{scaled:.1f}".removesuffix(".0")
+            return f"{text}{unit}"
+    return f"{float(amount):.0f}"
+
+
 def _used(node: dict, resource: str) -> str:
-    requested = node["requested"].get(resource, "0")
+    requested = readable(resource, node["requested"].get(resource, "0"))
     allocatable = (node["allocatable"] or {}).get(resource)
-    return f"{requested}/{allocatable if allocatable is not None else '?'}"
+    return f"{requested}/{readable(resource, allocatable) if allocatable is not None else '?'}"
 
 
 STATUS_COLOURS = {"True": GREEN, "False": RED}
@@ -140,8 +162,27 @@ def workload_lines(report: dict, colour: bool) -> list[str]:
     return table(header, rows, colour)
 
 
+def problem_lines(report: dict, colour: bool) -> list[str]:
+    """What keeps pods from being elected, a line each: what is wrong, then what to do; then the
+    workloads whose pods run here although they look elected."""
+    lines = [
+        printable(f"{problem['message']}; {problem['hint']}", MAX_SHOWN)
+        for problem in report["problems"]
+    ]
+    if report["notElected"]:
+        header = "Pods that run in this cluster although they look elected:"
+        lines += ["", f"\033[{RED}m{header}\033[0m" if colour else header]
+    for workload in report["notElected"]:
+        name = f"{workload['kind'].lower()}/{workload['name']}"
+        where = f" in namespace {workload['namespace']}" if report["namespace"] is None else ""
+        lines.append("  " + printable(f"{name}{where}: {workload['message']}", MAX_SHOWN))
+    return lines[1:] if lines and lines[0] == "" else lines
+
+
 def render_table(report: dict, colour: bool = False) -> str:
-    return "\n".join([*target_lines(report, colour), "", *workload_lines(report, colour)]) + "\n"
+    lines = [*target_lines(report, colour), "", *workload_lines(report, colour)]
+    problems = problem_lines(report, colour)
+    return "\n".join([*lines, *(["", *problems] if problems else [])]) + "\n"
 
 
 def render(report: dict, output: str, colour: bool = False) -> str:

@@ -14,9 +14,13 @@ In this order, each step once the one before has finished:
    revokes the token even when the service account was made by hand and stays.
 
 Nothing else is touched: a Secret that join did not write, a service account made by hand.
-``--dry-run`` says what would be deleted and deletes nothing. Running unjoin twice is harmless:
-the second run finds nothing to delete. When the target does not answer, the source side is
-still disconnected, and the error names what is left in the target.
+Before the Target goes, unjoin says how many pods run in that target (proxy pods bound to its
+virtual node): their delegates are deleted with it, and their owners make new pods, which go to
+another target or wait Pending. ``--dry-run`` says all that and deletes nothing. Running unjoin
+twice is harmless: the second run finds nothing to delete, and says so as an error (exit code
+1) naming the Targets that do exist, as it does when the names given are not those join was
+given. When the target does not answer, the source side is still disconnected, and the error
+names what is left in the target.
 """
 
 from __future__ import annotations
@@ -169,6 +173,81 @@ async def source_side(
     return found, target
 
 
+async def other_targets(plan: JoinPlan, source: Context) -> list[str]:
+    """The names of the Targets (or ClusterTargets) that exist where the one asked for does not
+    (none when they may not be listed)."""
+    resource = CLUSTER_TARGETS if plan.cluster_scoped else TARGETS
+    try:
+        listed, _ = await source.call(
+            f"list {resource.kind}s",
+            source.client.list(resource, plan.namespace),
+            resource=resource,
+        )
+    except ConnectError as e:
+        if isinstance(e.__cause__, Forbidden):
+            return []
+        raise
+    return sorted(t["metadata"]["name"] for t in listed)
+
+
+def nothing_to_unjoin(plan: JoinPlan, source: Context, others: list[str]) -> str:
+    kind = "ClusterTarget" if plan.cluster_scoped else "Target"
+    asked = describe(kind, plan.target_name, plan.namespace)
+    where = f"namespace {plan.namespace} of {source.name}" if plan.namespace else source.name
+    if not others:
+        return (
+            f"nothing to unjoin: {asked} not found, and no {kind} is in {where} (unjoined already?)"
+        )
+    plural = "s" if len(others) > 1 else ""
+    return (
+        f"nothing to unjoin: {asked} not found in {source.name}; the {kind}{plural} in {where}: "
+        f"{', '.join(others)}. Give the names join was given: --target-name for the {kind} "
+        f"(and --name for its Source in the target, if join had one)"
+    )
+
+
+async def pods_sent_back(
+    plan: JoinPlan, source: Context, target: dict, dry_run: bool
+) -> str | None:
+    """What deleting ``target`` does to the pods that run there: a line, or None when none runs
+    (or they may not be listed)."""
+    node = plan.virtual_node
+    try:
+        bound, _ = await source.call(
+            f"list the pods bound to virtual node {node}",
+            source.client.list(PODS, plan.namespace, field_selector=f"spec.nodeName={node}"),
+        )
+    except ConnectError as e:
+        if isinstance(e.__cause__, Forbidden):
+            return None
+        raise
+    running = [
+        p
+        for p in bound
+        if not p["metadata"].get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    ]
+    if not running:
+        return None
+    orphans = sum(
+        not any(r.get("controller") for r in p["metadata"].get("ownerReferences") or ())
+        for p in running
+    )
+    count = len(running)
+    pods = f"{count} pod{'s' if count > 1 else ''}"
+    name = target["metadata"]["name"]
+    verb = "would be" if dry_run else "are"
+    line = (
+        f"{pods} {'run' if count > 1 else 'runs'} in target {name} (bound to virtual node "
+        f"{node}): {'their' if count > 1 else 'its'} delegates there {verb} deleted with the "
+        f"Target, and {'their owners make' if count > 1 else 'its owner makes'} new pods, which "
+        f"go to another target or wait Pending"
+    )
+    if orphans:
+        line += f"; {orphans} without an owner {'is' if orphans == 1 else 'are'} deleted for good"
+    return line
+
+
 async def target_side(
     plan: JoinPlan, target: Context, report: Callable[[str], None]
 ) -> list[Doomed]:
@@ -250,6 +329,11 @@ async def unjoin(
             plan = replace(plan, same_cluster=True)
             report(f"contexts {source.name} and {target.name} reach the same cluster ({sameness})")
     on_source, target_obj = await source_side(plan, source, report)
+    others = [] if target_obj is not None else await other_targets(plan, source)
+    if target_obj is not None:
+        line = await pods_sent_back(plan, source, target_obj, dry_run)
+        if line:
+            report(line)
     node = plan.virtual_node
     for doomed in on_source:
         await doomed.delete(dry_run, report)
@@ -264,6 +348,8 @@ async def unjoin(
                 )
             report(f"virtual node {node} deleted by the agent, with its delegates and copies")
     if plan.self_target or ((target_obj or {}).get("spec") or {}).get("self"):
+        if not on_source:
+            raise ConnectError(nothing_to_unjoin(plan, source, others))
         return
     try:
         on_target = await target_side(plan, target, report)
@@ -276,6 +362,8 @@ async def unjoin(
             f"{plan.service_account_namespace}/{plan.service_account} may be left in context "
             f"{target.name}: run unjoin again once it answers"
         ) from e
+    if not on_source and not on_target:
+        raise ConnectError(nothing_to_unjoin(plan, source, others))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -100,3 +100,20 @@ def test_issued_certificates_chain_to_the_ca_with_the_right_usages():
 def test_free_ports_are_distinct():
     ports = free_ports(12)
     assert len(set(ports)) == 12
+
+
+def test_the_chart_values_for_real_nodes_match_their_label_and_taint():
+    """The file users copy (`-f e2e/realnode/chart-values.yaml`) and what the in-cluster tests
+    install are one, and name the label and taint that real nodes register with."""
+    from e2e.cluster.incluster import chart_values, install_command
+    from e2e.realnode import REAL_NODE_KEY
+
+    values = chart_values("localhost/multicluster-scheduler:0.1.0-abc")
+    assert values["image"] == {"repository": "localhost/multicluster-scheduler", "tag": "0.1.0-abc"}
+    assert values["agent"]["nodeSelector"] == {REAL_NODE_KEY: "true"}
+    assert values["agent"]["tolerations"] == [
+        {"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    command = install_command("localhost/multicluster-scheduler:0.1.0-abc", ["c1", "c2"])
+    assert "-f e2e/realnode/chart-values.yaml" in command
+    assert command.endswith("--set image.tag=0.1.0-abc\ndone")

@@ -138,3 +138,23 @@ def test_a_tool_without_crds_keeps_the_cache_key_it_had_before_crds_existed():
     assert tool.fingerprint() == expected
     with_crds = testbin.Tool(**{**tool.__dict__, "crds": ["crd.yaml"]})
     assert with_crds.fingerprint() != tool.fingerprint()
+
+
+def test_binaries_built_once_are_found_without_go(monkeypatch, tmp_path):
+    monkeypatch.setenv("MCS_TESTBIN_CACHE", str(tmp_path))
+    tools = testbin.load_pins()
+
+    def no_go() -> str:
+        raise testbin.BuildError("go is not installed: the test bed is built from Go modules")
+
+    monkeypatch.setattr(testbin, "go_version", no_go)
+    with pytest.raises(testbin.BuildError, match="go is not installed"):
+        testbin.bin_dir(tools)
+    for gover, complete in (("go1.25.1", True), ("go1.26.8", False)):
+        folder = tmp_path / f"bin-{testbin._bin_key(tools, gover)}"
+        folder.mkdir()
+        (folder / "versions.json").write_text(json.dumps({"go": gover}))
+        if complete:
+            (folder / ".complete").touch()
+    assert testbin.bin_dir(tools) == tmp_path / f"bin-{testbin._bin_key(tools, 'go1.25.1')}"
+    assert testbin.build(group="") == testbin.bin_dir(tools)
