@@ -432,6 +432,7 @@ def test_the_previous_releases_heartbeat_lease_is_deleted_by_its_source(
     heartbeat = kubectl.json(TARGET, "get", "sourceheartbeats", name, "-n", namespace)
     assert heartbeat["spec"]["writer"] == f"system:serviceaccount:{namespace}:{SOURCE}"
     table = kubectl(TARGET, "get", "shb", "-n", namespace)
+    print(table)
     assert table.split("\n")[0].split() == ["NAME", "SOURCE", "WRITER", "RENEWED", "AGE"]
 
 
