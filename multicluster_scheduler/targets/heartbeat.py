@@ -192,9 +192,6 @@ class SourceHeartbeat:
         if not (name and namespace and uid):
             return
         node = connection.node_name
-        refused = self._unsupported.get(node)
-        if refused is not None and time.monotonic() - refused < HEARTBEAT_PERIOD:
-            return
         beat = self._beats.setdefault((node, namespace), Beat())
         self._last_used[(node, namespace)] = time.monotonic()
         if beat.listed.get(name) == uid and name not in beat.removes:
@@ -202,9 +199,12 @@ class SourceHeartbeat:
         if len(beat.listed.keys() | beat.adds.keys()) >= MAX_DELEGATES:
             self._say_full(node, namespace)
             return
-        waiter = asyncio.get_running_loop().create_future()
         beat.adds[name] = uid
         beat.removes.discard(name)
+        refused = self._unsupported.get(node)
+        if refused is not None and time.monotonic() - refused < HEARTBEAT_PERIOD:
+            return  # refused a moment ago: written with the next renewal, if it is taken then
+        waiter = asyncio.get_running_loop().create_future()
         beat.waiters.append(waiter)
         self._flush(connection, namespace, beat)
         with contextlib.suppress(TimeoutError):

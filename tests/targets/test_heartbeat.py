@@ -229,10 +229,16 @@ async def test_a_target_without_heartbeats_lists_nothing_and_holds_no_placement(
     said = [r for r in caplog.records if "no heartbeat in" in r.getMessage()]
     assert len(said) == 1
     source.api._reactors.clear()
-    source.api.fail_next("*", SOURCE_HEARTBEATS, Forbidden("no", status=403), times=None)
+    refused = source.api.fail_next("*", SOURCE_HEARTBEATS, Forbidden("no", status=403), times=None)
     source.clock.now += HEARTBEAT_PERIOD
-    await source.create("web-3")
+    third = await source.create("web-3")
     assert source.listed() is None
+    # The target takes them again (its chart upgraded, a policy changed): the next renewal
+    # lists what was created meanwhile.
+    source.api.remove_reactor(refused)
+    await source.heartbeat.beat()
+    assert source.listed() is not None
+    assert third["metadata"]["name"] in source.listed()
 
 
 async def test_after_a_restart_what_this_cluster_listed_is_read_back_and_pruned(
