@@ -16,7 +16,6 @@ from e2e.cluster import TestBed, wait_for
 from e2e.cluster.install import Installation
 from e2e.kubectl import Kubectl
 from e2e.topology import SOURCE, TARGET, connect, disconnect
-from multicluster_scheduler.api.keepalive import heartbeat_name
 
 PREFIX = "multicluster.admiralty.io/"
 PROXY_SCHEDULER = "admiralty-proxy"
@@ -331,66 +330,6 @@ def test_a_lost_delegate_deletes_its_proxy_and_the_owner_replaces_it(guide, kube
     assert "was deleted outside" in events[0]["message"]
     wait_for(lambda: all_running(kubectl, namespace, 4), 60, what="a replacement Running")
     assert not [p for p in proxies(kubectl, namespace) if p["status"].get("phase") == "Failed"]
-
-
-def test_a_delegate_deleted_while_its_source_is_away_comes_back(
-    guide, installation: Installation, kubectl: Kubectl
-):
-    """As Admiralty since v0.16 (its PodChaperons): while the source cluster is away, a delegate
-    that restarts always and is deleted in its target (by hand, a drain there) is created again
-    there, as it was, within two minutes; when the source is back, its proxy pod mirrors the new
-    delegate, and nothing is lost or doubled."""
-    namespace, _ = guide
-    kubectl.apply(SOURCE, nginx(4), "-n", namespace)
-    wait_for(lambda: all_running(kubectl, namespace, 4), 60, what="4 proxy pods Running")
-    wait_for(lambda: delegates(kubectl, TARGET, namespace), 30, what="a delegate in cluster2")
-    source = kubectl.json(SOURCE, "get", "namespace", "kube-system")["metadata"]["uid"]
-    heartbeat = heartbeat_name(source)
-    wait_for(
-        lambda: kubectl(TARGET, "get", "lease", heartbeat, "-n", namespace, "--ignore-not-found"),
-        30,
-        what="cluster1's heartbeat in cluster2",
-    )
-    victim = delegates(kubectl, TARGET, namespace)[0]["metadata"]
-    name, parent = victim["name"], victim["annotations"][PREFIX + "parent-name"]
-    before = {p["metadata"]["name"] for p in proxies(kubectl, namespace)}
-
-    agents = [a.pid for a in installation.agents[SOURCE] if a.pid]
-    for pid in agents:
-        os.kill(pid, signal.SIGSTOP)  # cluster1's agents away: no heartbeat, nothing acts
-    try:
-        kubectl(TARGET, "delete", "pod", name, "-n", namespace)
-        deleted = time.monotonic()
-
-        def again() -> dict | None:
-            found = kubectl(TARGET, "get", "pod", name, "-n", namespace, "--ignore-not-found",
-                            "-o", "json")  # fmt: skip
-            pod = json.loads(found) if found else None
-            return pod if pod and pod["metadata"]["uid"] != victim["uid"] else None
-
-        back = wait_for(again, 150, interval=1, what="the delegate created again")
-        took = time.monotonic() - deleted
-        annotations = back["metadata"]["annotations"]
-        assert PREFIX + "recreated-while-source-away" in annotations
-        assert back["metadata"]["labels"] == victim["labels"]
-        wait_for(
-            lambda: (again() or {}).get("status", {}).get("phase") == "Running",
-            30,
-            what="the new delegate Running",
-        )
-    finally:
-        for pid in agents:
-            os.kill(pid, signal.SIGCONT)
-    print(f"delegate created again {took:.1f} s after it was deleted while its source was away")
-    assert took <= 120, "upstream's bar: two minutes"
-    # The source is back: the same proxy pods, Running, each with one delegate; none lost.
-    wait_for(lambda: all_running(kubectl, namespace, 4), 60, what="4 proxy pods Running")
-    time.sleep(5)
-    assert {p["metadata"]["name"] for p in proxies(kubectl, namespace)} == before
-    lost = kubectl.json(SOURCE, "get", "events", "-n", namespace, "--field-selector",
-                        f"reason=DelegateLost,involvedObject.name={parent}")["items"]  # fmt: skip
-    assert not lost
-    assert len(delegates(kubectl, SOURCE, namespace) + delegates(kubectl, TARGET, namespace)) == 4
 
 
 def test_a_proxy_pod_gone_without_its_finalizer_leaves_no_delegate(

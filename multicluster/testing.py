@@ -19,7 +19,8 @@ What is approximated, or not modelled:
 - Every resource has a ``status`` subresource: an update or patch of the main resource keeps
   the stored status, one of ``status`` (or ``approval``) changes only the status. ``create``
   keeps a status it is given (the real server resets a pod's), so a test can start from a pod
-  that runs. The generation bumps when anything but metadata and status changes. The only
+  that runs. The generation bumps when anything but metadata and status changes, and when a
+  deletion starts (``deletionTimestamp`` set, even if the object goes at once). The only
   subresource created is ``pods/binding``.
 - Strategic merge patch is a merge patch in which the lists named in :data:`MERGE_KEYS` are
   merged by key (``containers`` by name, ``conditions`` by type, ...), whatever type holds
@@ -766,6 +767,8 @@ class FakeServer:
         else:
             when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=grace)
             meta["deletionTimestamp"] = format_time(when)
+            if meta.get("generation"):  # the server counts the start of a deletion as a change
+                meta["generation"] += 1
         meta["deletionGracePeriodSeconds"] = grace
         return self._commit(action.resource, DELETED if _released(new) else MODIFIED, new, stored)
 

@@ -484,7 +484,6 @@ def add_cluster_controllers(
     manager.add_controller(
         targets_controller(cluster, manager, registry, cluster_options=options, limits=limits)
     )
-    manager.add_runnable(SourceHeartbeat(cluster, registry, cluster_name).run, needs_leader=True)
     manager.add_runnable(DelegateKeeper(cluster, cluster_name).run, needs_leader=True)
     return registry
 
@@ -502,6 +501,8 @@ async def add_controllers(
     registry = add_cluster_controllers(manager, cluster, settings, cluster_name, options)
     lookup = DelegateLookup(registry, proxy_informer(cluster), cluster_name)
     # Made in this order, as they register with the registry and the informers.
+    heartbeats = SourceHeartbeat(cluster, registry, cluster_name)
+    manager.add_runnable(heartbeats.run, needs_leader=True)
     follow = Follow(cluster, lookup)
     scheduler = Scheduler(
         cluster,
@@ -510,6 +511,7 @@ async def add_controllers(
         workers=settings.scheduler_workers,
         prepare=follow.prepare,
         manifest_key=manifest_key,
+        created=heartbeats.created,
     )
     pods = PodSync(cluster, lookup)
     manager.add_runnable(EventReflector(cluster, lookup).run, needs_leader=True)

@@ -5,7 +5,14 @@ from __future__ import annotations
 from multicluster import Resource
 
 from .keys import GROUP, VERSION
-from .v1alpha1 import ClusterSource, ClusterSummary, ClusterTarget, Source, Target
+from .v1alpha1 import (
+    ClusterSource,
+    ClusterSummary,
+    ClusterTarget,
+    Source,
+    SourceHeartbeat,
+    Target,
+)
 from .v1alpha1 import Resource as Model
 
 
@@ -18,3 +25,4 @@ CLUSTER_SOURCES = resource(ClusterSource)
 TARGETS = resource(Target)
 CLUSTER_TARGETS = resource(ClusterTarget)
 CLUSTER_SUMMARIES = resource(ClusterSummary)
+SOURCE_HEARTBEATS = resource(SourceHeartbeat)

@@ -340,4 +340,63 @@ class ClusterSummary(Resource, plural="clustersummaries", short_names=["mcsum"],
     nodeGroups: list[NodeGroup] | None = Field(None, description="Nodes grouped by look-alike.")
 
 
-RESOURCES: list[type[Resource]] = [Source, ClusterSource, Target, ClusterTarget, ClusterSummary]
+# -- source heartbeats (in target clusters) ---------------------------------------------------
+
+MAX_HEARTBEAT_DELEGATES = 1000
+DelegateUid = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class SourceHeartbeatSpec(Model):
+    """Who renews this heartbeat, when it last did, and the delegates it created here."""
+
+    source: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Name of the source cluster (the uid of its kube-system namespace, unless "
+        "its agent was given another); the heartbeat's name is derived from it.",
+    )
+    writer: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="User name of whoever wrote this heartbeat last: the identity the source "
+        "cluster has here. The chart's admission policy refuses any other value.",
+    )
+    renewTime: str = Field(
+        description="When the source last renewed it (RFC 3339, microseconds).",
+        json_schema_extra={"format": "date-time"},
+    )
+    delegates: dict[str, DelegateUid] | None = Field(
+        None,
+        max_length=MAX_HEARTBEAT_DELEGATES,
+        description="Delegate pods the source created in this namespace, name to uid, as its "
+        "create requests were answered; only these are recreated while the source is away, "
+        f"once each. At most {MAX_HEARTBEAT_DELEGATES}: the source's later delegates are not "
+        "kept alive.",
+    )
+
+
+class SourceHeartbeat(Resource, plural="sourceheartbeats", short_names=["shb"], namespaced=True):
+    """A source cluster renews one in each namespace of a target where it places delegates, so
+    that the target's agent can tell a source that is away (and recreate the delegates it lists
+    when they are deleted) from one that is there."""
+
+    top_level = ("spec",)
+    printer_columns = [
+        {"name": "Source", "type": "string", "jsonPath": ".spec.source"},
+        {"name": "Writer", "type": "string", "jsonPath": ".spec.writer"},
+        {"name": "Renewed", "type": "date", "jsonPath": ".spec.renewTime"},
+        AGE_COLUMN,
+    ]
+
+    kind: str = "SourceHeartbeat"
+    spec: SourceHeartbeatSpec
+
+
+RESOURCES: list[type[Resource]] = [
+    Source,
+    ClusterSource,
+    Target,
+    ClusterTarget,
+    ClusterSummary,
+    SourceHeartbeat,
+]

@@ -96,6 +96,10 @@ RELEASE_RECHECK = 2.0  # a deleted pod's delegates still there: looked at again 
 # Called with the target and the delegate just before the delegate is created there (the follow
 # controller copies the config maps and secrets it uses).
 Prepare = Callable[[TargetConnection, dict], Awaitable[None]]
+# Called with the target and its answer once it created a delegate, before the proxy pod can be
+# bound (the source's heartbeat there lists it, so that it is kept alive while this cluster is
+# away: docs/scheduling.md).
+Created = Callable[[TargetConnection, dict], Awaitable[None]]
 
 
 def proxy_informer(local: Cluster) -> Informer:
@@ -176,10 +180,12 @@ class Scheduler:
         workers: int = 64,
         prepare: Prepare | None = None,
         manifest_key: ManifestKey,
+        created: Created | None = None,
     ) -> None:
         self.local = local
         self.prepare = prepare
         self.manifest_key = manifest_key  # a delegate is built only from a manifest it verifies
+        self.created = created
         self.lookup = lookup
         self.registry = registry = lookup.registry
         self.cluster_name = lookup.cluster_name
@@ -625,11 +631,12 @@ class Scheduler:
         self.spread.set(uid, owner, connection.node_name)
         self.unschedulable.discard(request)
         self._creating[owner_key] += 1
+        made: dict | None = None
         try:
             async with asyncio.timeout(CREATE_TIMEOUT), self._flight(connection.node_name):
                 if self.prepare is not None:
                     await self.prepare(connection, delegate)
-                await connection.client.create(PODS, delegate, namespace)
+                made = await connection.client.create(PODS, delegate, namespace)
         except AlreadyExists:
             pass
         except (ApiError, TimeoutError) as e:
@@ -638,6 +645,8 @@ class Scheduler:
         finally:
             self._creating[owner_key] -= 1
             self._wake(owner_key)
+        if made is not None and self.created is not None:
+            await self.created(connection, made)  # (this pod is bound by a later reconcile)
         log.debug(
             "delegate created namespace=%s proxy=%s target=%s",
             namespace,

@@ -14,13 +14,10 @@ import time
 from pathlib import Path
 
 from multicluster import ApiError, Client, Unreachable
-from multicluster.resources import Resource
+from multicluster.resources import SUBJECT_ACCESS_REVIEWS
 
 log = logging.getLogger(__name__)
 
-SUBJECT_ACCESS_REVIEWS = Resource(
-    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False
-)
 ALLOWED_TTL = 300.0
 DENIED_TTL = 30.0
 
