@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -61,56 +61,20 @@ class FairLimiter:
     :meth:`hold`). When callers must wait, they are let through one flow after another (round
     robin), first come first served within a flow: API Priority and Fairness's fair queuing,
     on the client's side. A caller finds its way free at once when nobody waits; each operation
-    is O(1) (amortized).
+    is O(1)."""
 
-    With ``shared_seats``: while callers of two flows or more came within ``linger`` seconds,
-    only that many seats are used. Many requests under way make a busy server slow to answer
-    each, whoever sent it, so one flow's burst would make another's few requests wait as long
-    in the server as the burst's; one flow alone keeps all ``seats``, for its throughput. A
-    flow that is empty (``""`` or None: cluster-scoped requests, say) counts as no one."""
-
-    def __init__(
-        self,
-        qps: float,
-        burst: int,
-        seats: int | None = None,
-        *,
-        shared_seats: int | None = None,
-        linger: float = 2.0,
-    ) -> None:
+    def __init__(self, qps: float, burst: int, seats: int | None = None) -> None:
         if qps <= 0 or burst < 1 or (seats is not None and seats < 1):
             raise ValueError("qps must be > 0, burst and seats >= 1")
-        if shared_seats is not None and (seats is None or shared_seats < 1):
-            raise ValueError("shared_seats needs seats, and must be >= 1")
         self.qps = qps
         self.burst = burst
         self.seats = seats
-        self.shared_seats = None if shared_seats is None else min(shared_seats, seats or 0)
-        self.linger = linger
         self.in_flight = 0
         self._tokens = float(burst)
         self._last = time.monotonic()
         self._flows: dict[Hashable, deque[asyncio.Future[None]]] = {}
         self._turns: deque[Hashable] = deque()  # flows with callers waiting, next first
         self._timer: asyncio.TimerHandle | None = None
-        self._seen: OrderedDict[Hashable, float] = OrderedDict()  # flow → its latest caller
-
-    def limit(self) -> int | None:
-        """The seats in use now: ``shared_seats`` while several flows are about."""
-        if self.shared_seats is None:
-            return self.seats
-        seen, since = self._seen, time.monotonic() - self.linger
-        while seen:
-            flow, last = next(iter(seen.items()))
-            if last >= since:
-                break
-            del seen[flow]
-        return self.shared_seats if len(seen) > 1 else self.seats
-
-    def _saw(self, flow: Hashable) -> None:
-        if flow and self.shared_seats is not None:
-            self._seen[flow] = time.monotonic()
-            self._seen.move_to_end(flow)
 
     def waiting(self) -> int:
         return sum(len(w) for w in self._flows.values())
@@ -121,12 +85,10 @@ class FairLimiter:
         self._last = now
 
     def _seat_free(self) -> bool:
-        limit = self.limit()
-        return limit is None or self.in_flight < limit
+        return self.seats is None or self.in_flight < self.seats
 
     async def acquire(self, flow: Hashable = None) -> None:
         """A token, and a seat when there are seats (give it back with :meth:`release`)."""
-        self._saw(flow)
         if not self._flows and self._seat_free():
             self._refill()
             if self._tokens >= 1:
