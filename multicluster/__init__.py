@@ -41,7 +41,7 @@ from .informer import (
 from .leaderelection import LeaderElectionConfig, LeaderElector
 from .manager import LeadershipLost, Manager
 from .readlimits import CacheBudget, CacheFull, ReadLimits
-from .reconcile import Func, Reconciler, Request, Result
+from .reconcile import Func, Reconciler, Request, Result, by_namespace
 from .resources import Resource
 from .sharing import SHARED, SharedValues
 from .workqueue import WorkQueue
@@ -87,6 +87,7 @@ __all__ = [
     "Unreachable",
     "WorkQueue",
     "add_finalizer",
+    "by_namespace",
     "delete_children",
     "index_by_label",
     "index_by_owner_uid",

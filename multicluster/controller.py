@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from . import metrics
 from .cluster import Cluster
@@ -35,12 +35,15 @@ class Controller:
         workers: int = 2,
         needs_leader_election: bool = True,
         queue: WorkQueue[Request] | None = None,
+        flow: Callable[[Request], Hashable] | None = None,
     ) -> None:
+        """``flow``: requests are handed to workers fairly between flows (``by_namespace``:
+        between namespaces), see :class:`~.workqueue.WorkQueue`."""
         self.name = name
         self.reconciler = reconciler
         self.workers = workers
         self.needs_leader_election = needs_leader_election
-        self.queue: WorkQueue[Request] = queue or WorkQueue(name)
+        self.queue: WorkQueue[Request] = queue or WorkQueue(name, flow=flow)
         self._watches: dict[str, list[Registration]] = {}
         self._ok = metrics.RECONCILE_TOTAL.labels(name, "success")
         self._errors = metrics.RECONCILE_ERRORS.labels(name)

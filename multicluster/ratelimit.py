@@ -5,6 +5,11 @@ client-side request limits (as client-go's QPS and burst) and for the workqueue'
 rate. ``reserve`` never blocks: it books a token and says how long to wait for it, so many
 callers can queue up without a lock.
 
+A fair limiter: a token bucket, and a bound on requests under way, whose waiters are let
+through fairly between flows (the namespaces of requests, say), round robin, as API Priority
+and Fairness queues requests: one namespace's thousands of requests delay another's next one
+by a turn, not by the thousands (:class:`FairLimiter`).
+
 A repeat backoff: the first time something happens to a key is acted on at once, each further
 time later and later, until it stops happening for a while (:class:`RepeatBackoff`).
 """
@@ -12,9 +17,11 @@ time later and later, until it stops happening for a while (:class:`RepeatBackof
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable, Hashable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -46,6 +53,103 @@ class TokenBucket:
         delay = self.reserve()
         if delay > 0:
             await asyncio.sleep(delay)
+
+
+class FairLimiter:
+    """At most ``qps`` operations a second on average, bursts up to ``burst``, as
+    :class:`TokenBucket`, and, with ``seats``, at most that many under way at once (held with
+    :meth:`hold`). When callers must wait, they are let through one flow after another (round
+    robin), first come first served within a flow: API Priority and Fairness's fair queuing,
+    on the client's side. A caller finds its way free at once when nobody waits; each operation
+    is O(1)."""
+
+    def __init__(self, qps: float, burst: int, seats: int | None = None) -> None:
+        if qps <= 0 or burst < 1 or (seats is not None and seats < 1):
+            raise ValueError("qps must be > 0, burst and seats >= 1")
+        self.qps = qps
+        self.burst = burst
+        self.seats = seats
+        self.in_flight = 0
+        self._tokens = float(burst)
+        self._last = time.monotonic()
+        self._flows: dict[Hashable, deque[asyncio.Future[None]]] = {}
+        self._turns: deque[Hashable] = deque()  # flows with callers waiting, next first
+        self._timer: asyncio.TimerHandle | None = None
+
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._flows.values())
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+        self._last = now
+
+    def _seat_free(self) -> bool:
+        return self.seats is None or self.in_flight < self.seats
+
+    async def acquire(self, flow: Hashable = None) -> None:
+        """A token, and a seat when there are seats (give it back with :meth:`release`)."""
+        if not self._flows and self._seat_free():
+            self._refill()
+            if self._tokens >= 1:
+                self._tokens -= 1
+                self.in_flight += 1
+                return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._flows.get(flow)
+        if waiters is None:
+            waiters = self._flows[flow] = deque()
+            self._turns.append(flow)
+        waiters.append(waiter)
+        self._schedule()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._tokens += 1  # let through, then cancelled: its token and seat go back
+                self.release()
+            raise
+
+    def release(self) -> None:
+        """A seat taken by :meth:`acquire` is free again."""
+        self.in_flight -= 1
+        if self._flows and self._timer is None:
+            self._let_through()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, flow: Hashable = None) -> AsyncIterator[None]:
+        """A token and a seat for as long as the block runs."""
+        await self.acquire(flow)
+        try:
+            yield
+        finally:
+            self.release()
+
+    def _schedule(self) -> None:
+        if self._timer is None and self._flows and self._seat_free():
+            delay = max(0.0, (1 - self._tokens) / self.qps)
+            self._timer = asyncio.get_running_loop().call_later(delay, self._timed)
+
+    def _timed(self) -> None:
+        self._timer = None
+        self._let_through()
+
+    def _let_through(self) -> None:
+        self._refill()
+        while self._tokens >= 1 and self._turns and self._seat_free():
+            flow = self._turns.popleft()
+            waiters = self._flows[flow]
+            waiter = waiters.popleft()
+            if waiters:
+                self._turns.append(flow)
+            else:
+                del self._flows[flow]
+            if waiter.done():  # cancelled while it waited: takes nothing
+                continue
+            waiter.set_result(None)
+            self._tokens -= 1
+            self.in_flight += 1
+        self._schedule()
 
 
 class RepeatBackoff(Generic[K]):

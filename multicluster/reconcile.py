@@ -25,6 +25,12 @@ class Request(NamedTuple):
         )
 
 
+def by_namespace(request: Request) -> str:
+    """A Request's flow for fair queuing (:class:`~.workqueue.WorkQueue`): its namespace, so
+    that no namespace's burst holds up another's work (cluster-scoped objects: one flow)."""
+    return request.namespace
+
+
 @dataclass(frozen=True)
 class Result:
     """``requeue``: try again with backoff; ``requeue_after``: try again after that many seconds."""

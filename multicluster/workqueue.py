@@ -8,13 +8,18 @@
   10 s (client-go's books without bound: a few thousand failing items delay everyone's
   retries by minutes).
 - Items of an initial sync may be added with ``low_priority``: fresh events go first.
+- Given ``flow`` (a function of an item, a Request's namespace say), waiting items are handed
+  out fairly between flows: round robin, one item of each flow that waits in turn, first in,
+  first out within a flow (API Priority and Fairness's fair queuing, with every item costing
+  the same). A burst of thousands of items in one flow delays another flow's next item by one
+  turn, not by the burst. Every operation stays O(1).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from . import metrics
@@ -32,6 +37,48 @@ class ShutDown(Exception):
     """The queue was shut down and is empty."""
 
 
+class FairLane(Generic[T]):
+    """Items waiting in flows, served round robin: each flow that has items gives one in its
+    turn, and goes to the back of the line if it has more. Without ``flow``, one flow: FIFO."""
+
+    def __init__(self, flow: Callable[[T], Hashable] | None = None) -> None:
+        self._flow = flow
+        self._flows: dict[Hashable, deque[T]] = {}
+        self._turns: deque[Hashable] = deque()  # flows that have items, next first
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def flows(self) -> int:
+        """How many flows have items waiting."""
+        return len(self._flows)
+
+    def append(self, item: T) -> None:
+        key = self._flow(item) if self._flow is not None else None
+        items = self._flows.get(key)
+        if items is None:
+            items = self._flows[key] = deque()
+            self._turns.append(key)
+        items.append(item)
+        self._len += 1
+
+    def popleft(self) -> T:
+        """The first item of the flow whose turn it is (IndexError when empty)."""
+        key = self._turns.popleft()
+        items = self._flows[key]
+        item = items.popleft()
+        if items:
+            self._turns.append(key)
+        else:
+            del self._flows[key]
+        self._len -= 1
+        return item
+
+
 class WorkQueue(Generic[T]):
     def __init__(
         self,
@@ -41,13 +88,14 @@ class WorkQueue(Generic[T]):
         max_delay: float = 1000.0,
         qps: float = 10.0,
         burst: int = 100,
+        flow: Callable[[T], Hashable] | None = None,
     ) -> None:
         self.name = name
         self.base_delay = base_delay
         self.max_delay = max_delay
         self._bucket = TokenBucket(qps, burst)
-        self._queue: deque[T] = deque()
-        self._low: deque[T] = deque()
+        self._queue: FairLane[T] = FairLane(flow)
+        self._low: FairLane[T] = FairLane(flow)
         self._dirty: set[T] = set()
         self._processing: set[T] = set()
         self._failures: dict[T, int] = {}

@@ -1,6 +1,6 @@
 """``python -m e2e.bench``: every benchmark of docs/performance.md, in one run.
 
-    python -m e2e.bench [--only rollout,placement,webhook,writes,targets,scale,growth]
+    python -m e2e.bench [--only rollout,placement,fairness,webhook,writes,targets,scale,growth]
                         [--out DIR] [--quick]
 
 Starts three clusters on this machine (see ``bed``), installs the chart in each, runs the
@@ -25,7 +25,7 @@ from . import report
 from .bed import BenchBed, dump, machine, versions
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("rollout", "placement", "webhook", "writes", "targets", "scale", "growth")
+BENCHMARKS = ("rollout", "placement", "fairness", "webhook", "writes", "targets", "scale", "growth")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -40,6 +40,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, help="rollout replicas (default 1000)")
     parser.add_argument("--rounds", type=int, help="native/elected rollout pairs (default 2)")
     parser.add_argument("--burst", type=int, help="pods per placement burst (default 2000)")
+    parser.add_argument("--fair-burst", type=int, help="fairness: tenant A's pods (default 300)")
+    parser.add_argument("--fair-pods", type=int, default=5, help="fairness: tenant B's pods")
+    parser.add_argument("--fair-rounds", type=int, help="fairness: rounds (default 3)")
     parser.add_argument("--webhook-rate", type=float, default=500.0)
     parser.add_argument("--webhook-seconds", type=float, help="default 30")
     parser.add_argument("--scale-pods", type=int, help="elected pods at scale (default 10000)")
@@ -64,6 +67,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.replicas = args.replicas or (60 if quick else 1000)
     args.rounds = args.rounds or (1 if quick else 2)
     args.burst = args.burst or (60 if quick else 2000)
+    args.fair_burst = args.fair_burst or (60 if quick else 300)
+    args.fair_rounds = args.fair_rounds or (1 if quick else 3)
     args.webhook_seconds = args.webhook_seconds or (3 if quick else 30)
     args.scale_pods = args.scale_pods or (100 if quick else 10_000)
     args.writes_pods = args.writes_pods or (60 if quick else 1000)
@@ -86,19 +91,25 @@ async def run(bed: BenchBed, args: argparse.Namespace, results: dict) -> None:
 
     bed.connect()
     try:
-        if {"rollout", "placement"} & set(args.only):
+        if {"rollout", "placement", "fairness"} & set(args.only):
             await targets.connect_cluster_targets(bed)
         if "rollout" in args.only:
             results["rollout"] = await rollout.compare(bed, args.replicas, args.rounds)
         if "placement" in args.only:
             results["placement"] = await rollout.placement(bed, args.burst)
+        if "fairness" in args.only:
+            from . import fairness
+
+            results["fairness"] = await fairness.run(
+                bed, args.fair_burst, args.fair_pods, args.fair_rounds
+            )
         if "webhook" in args.only:
             from . import webhook_bench
 
             results["webhook"] = await webhook_bench.run(
                 bed, args.webhook_rate, args.webhook_seconds
             )
-        if {"rollout", "placement"} & set(args.only):
+        if {"rollout", "placement", "fairness"} & set(args.only):
             await targets.disconnect_cluster_targets(bed)
         if "writes" in args.only:
             from . import writes

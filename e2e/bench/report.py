@@ -9,6 +9,7 @@ GOALS = {
     "ratio": 1.3,
     "placement_per_s": 200,
     "fraction_of_ceiling": 0.5,
+    "fairness_ratio": 2.0,
     "machine_cpu_elected_over_native": 2.3,
     "agent_cpu_ms_per_elected_pod": 2.5,
     "source_writes_over_native": 2,
@@ -80,6 +81,8 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                 _verdict(ratio <= GOALS["ratio"]),
             )
         )
+    if fairness := results.get("fairness"):
+        out.extend(_fairness_rows(fairness))
     if placement := results.get("placement"):
         ceiling = placement["api_ceiling_per_s"]
         placed = placement["placement_per_s"]
@@ -242,6 +245,31 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
     if (growth := results.get("growth")) and growth.get("target_steps"):
         out += _growth_rows(growth)
     return out
+
+
+def _fairness_rows(fairness: dict) -> list[tuple[str, str, str, str]]:
+    b, a = fairness["pods"], fairness["burst"]
+    goal = GOALS["fairness_ratio"]
+    ratio, native = fairness["ratio"], fairness["ratio_to_native_burst"]
+    return [
+        (
+            f"{b} pods of namespace B to Running: alone; during A's {a} native; during A's "
+            f"{a} elected (s, each round)",
+            "; ".join(
+                " / ".join(f"{s:.2f}" for s in fairness[f"{phase}_s"])
+                for phase in ("alone", "during_native_burst", "during_burst")
+            ),
+            "",
+            "",
+        ),
+        (
+            "B during A's elected burst / B during A's native burst (medians)",
+            f"{native:.2f}",
+            f"≤ {goal}",
+            _verdict(native <= goal),
+        ),
+        ("B during A's elected burst / B alone (medians)", f"{ratio:.2f}", "", ""),
+    ]
 
 
 def _writes_rows(writes: dict) -> list[tuple[str, str, str, str]]:

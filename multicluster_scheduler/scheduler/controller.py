@@ -34,6 +34,7 @@ from multicluster import (
     Registration,
     Request,
     Result,
+    by_namespace,
 )
 from multicluster.events import EventRecorder
 from multicluster.informer import ADDED, DELETED
@@ -74,6 +75,7 @@ from .fit import (
     unschedulable_message,
     virtual_node_refusal,
 )
+from .throttle import CreateSlots
 
 log = logging.getLogger(__name__)
 ASSUME_GRACE = 3.0  # summaries are written at most once a second; then watched
@@ -84,10 +86,12 @@ RETRY_DEBOUNCE = 0.5
 # target's scheduler gets a DelegateCreated event first.
 ANNOUNCE_AFTER = 2.0
 REJECTED = "target(s) rejected the delegate"
-# A target that is slow to create delegates (or never answers) holds at most this many of the
-# scheduler's workers, each at most this long, per namespace of its Targets (or ClusterTarget):
-# other tenants' pods are placed meanwhile.
-MAX_CREATES_PER_OWNER = 8
+# A target that is slow to create delegates (or never answers) holds at most this many creates
+# at once, each at most this long, per namespace of its Targets (or ClusterTarget): other
+# tenants' pods are placed meanwhile. A ClusterTarget serves every namespace: one namespace holds
+# at most MAX_CREATES_PER_NAMESPACE of its slots, and waiting pods go namespace by namespace.
+MAX_CREATES_PER_OWNER = 10
+MAX_CREATES_PER_NAMESPACE = 8
 CREATE_TIMEOUT = 20.0
 WAKE_RECHECK = 1.0  # pods waiting for an owner's creates: its free slots looked at again
 RELEASE_RECHECK = 2.0  # a deleted pod's delegates still there: looked at again (events sooner)
@@ -201,10 +205,11 @@ class Scheduler:
         self._constraints: dict[str, Constraints] = {}
         self._delegate_handlers: dict[str, Registration] = {}
         self._retry_pending = False
-        # Delegates being created, by whoever owns the targets (a namespace, a ClusterTarget).
-        self._creating: Counter[str] = Counter()
-        # Pods waiting for one of those creates to end, by owner, first come first served.
-        self._waiting: dict[str, dict[Request, None]] = {}
+        # Delegates being created, by whoever owns the targets (a namespace, a ClusterTarget),
+        # and the pods waiting for one of those creates to end.
+        self._slots: CreateSlots[Request] = CreateSlots(
+            MAX_CREATES_PER_OWNER, MAX_CREATES_PER_NAMESPACE
+        )
         self._wake_timers: dict[str, asyncio.TimerHandle] = {}
         # Creates and bindings under way, by virtual node: a target that goes waits for them.
         self._in_flight: Counter[str] = Counter()
@@ -221,7 +226,9 @@ class Scheduler:
         # informer of the same cluster: no second watch).
         self.nodes = local.informer(NODES, transform=slim_node)
         self.nodes.add_handler(self._node_changed)
-        self.controller = Controller("scheduler", self, workers=workers)
+        # Pods of a namespace's burst delay another namespace's next pod by one turn, not by
+        # the burst (docs/scheduling.md, "Sharing the scheduler").
+        self.controller = Controller("scheduler", self, workers=workers, flow=by_namespace)
         self.controller.watch(
             local,
             PODS,
@@ -337,21 +344,13 @@ class Scheduler:
     # -- bookkeeping --------------------------------------------------------------------------
 
     def _wake(self, owner_key: str) -> None:
-        """Queue as many pods waiting for ``owner_key``'s creates as it has slots free. A pod
-        woken may go to another owner's target, leaving its slot unused: while pods wait, this
-        looks again every ``WAKE_RECHECK`` seconds, so none waits for a create that never ends."""
-        waiting = self._waiting.get(owner_key)
-        if not waiting:
-            return
-        for _ in range(MAX_CREATES_PER_OWNER - self._creating[owner_key]):
-            if not waiting:
-                break
-            request = next(iter(waiting))
-            del waiting[request]
+        """Queue as many pods waiting for ``owner_key``'s creates as it has slots free,
+        namespaces in turn. A pod woken may go to another owner's target, leaving its slot
+        unused: while pods wait, this looks again every ``WAKE_RECHECK`` seconds, so none waits
+        for a create that never ends."""
+        for request in self._slots.wake(owner_key):
             self.controller.queue.add(request)
-        if not waiting:
-            del self._waiting[owner_key]
-        elif owner_key not in self._wake_timers:
+        if self._slots.waiting(owner_key) and owner_key not in self._wake_timers:
             self._wake_timers[owner_key] = asyncio.get_running_loop().call_later(
                 WAKE_RECHECK, self._wake_again, owner_key
             )
@@ -614,14 +613,15 @@ class Scheduler:
         wants: Constraints,
     ) -> Result | None:
         """Create ``delegate`` in the chosen target (at most ``MAX_CREATES_PER_OWNER`` at once
-        per owner of targets, each within ``CREATE_TIMEOUT``)."""
+        per owner of targets, ``MAX_CREATES_PER_NAMESPACE`` of them for one namespace's pods,
+        each within ``CREATE_TIMEOUT``)."""
         meta = proxy["metadata"]
         uid, namespace = meta["uid"], meta["namespace"]
         owner_key = _owner_of(connection)
-        if self._creating[owner_key] >= MAX_CREATES_PER_OWNER:
+        if not self._slots.take(owner_key, namespace):
             # No worker waits: the pod is tried again as soon as one of these creates ends (the
             # requeue is a backstop, for a create that never returns its slot).
-            self._waiting.setdefault(owner_key, {})[request] = None
+            self._slots.wait(owner_key, namespace, request)
             return Result(requeue_after=CREATE_TIMEOUT)
         owner = controller_uid(proxy)
         self.placements[uid] = Placement(
@@ -630,7 +630,6 @@ class Scheduler:
         self._assume(uid, connection.node_name, wants.requests)
         self.spread.set(uid, owner, connection.node_name)
         self.unschedulable.discard(request)
-        self._creating[owner_key] += 1
         made: dict | None = None
         try:
             async with asyncio.timeout(CREATE_TIMEOUT), self._flight(connection.node_name):
@@ -643,7 +642,7 @@ class Scheduler:
             self._not_created(proxy, connection, e)
             return Result(requeue=True)
         finally:
-            self._creating[owner_key] -= 1
+            self._slots.give_back(owner_key, namespace)
             self._wake(owner_key)
         if made is not None and self.created is not None:
             await self.created(connection, made)  # (this pod is bound by a later reconcile)

@@ -23,7 +23,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from multicluster import Cluster, Controller, Invalid, NotFound, Registration, Request, Result
+from multicluster import (
+    Cluster,
+    Controller,
+    Invalid,
+    NotFound,
+    Registration,
+    Request,
+    Result,
+    by_namespace,
+)
 from multicluster.events import EventRecorder
 from multicluster.gc import has_finalizer
 from multicluster.informer import DELETED
@@ -73,8 +82,10 @@ class PodSync:
         self.foreign: dict[str, Registration] = {}
         self.proxies = lookup.proxies  # the shared cache of proxy pods, indexed by uid
         self.proxies.add_indexer(NODE_INDEX, _node_of)
+        # Status mirrored namespace by namespace in turn: one namespace's burst does not hold
+        # up another's first pods (docs/scheduling.md, "Sharing the scheduler").
         self.proxies_controller = Controller(
-            "virtual-kubelet-pods", BoundProxies(self), workers=workers
+            "virtual-kubelet-pods", BoundProxies(self), workers=workers, flow=by_namespace
         )
         self.proxies_controller.watch(
             local,

@@ -1,7 +1,9 @@
 """A target that never answers the creation of delegates holds a bounded share of the
-scheduler's workers: at most ``MAX_CREATES_PER_OWNER`` of its namespace's pods wait on it, each
-at most ``CREATE_TIMEOUT``; the others wait without holding a worker, each asked again as soon as
-one of those creates ends, and other namespaces' pods are placed meanwhile.
+scheduler's workers: at most ``MAX_CREATES_PER_NAMESPACE`` of its namespace's pods wait on it
+(``MAX_CREATES_PER_OWNER`` of all namespaces' pods, for a ClusterTarget), each at most
+``CREATE_TIMEOUT``; the others wait without holding a worker, each asked again as soon as one of
+those creates ends, and other namespaces' pods are placed meanwhile, through the same
+ClusterTarget too.
 
 On the fake API server of :mod:`multicluster.testing` (see ``test_scheduler_controller``), the
 silent target is a fake cluster whose client takes pod creations and answers them only when the
@@ -77,7 +79,7 @@ def delegate_of(world: World, name: str, ns: str) -> str:
 async def test_a_silent_target_holds_at_most_so_many_workers_of_its_namespace(
     make_world: Callable[..., Awaitable[World]],
 ) -> None:
-    most = scheduler_module.MAX_CREATES_PER_OWNER
+    most = scheduler_module.MAX_CREATES_PER_NAMESPACE  # a namespaced Target: one namespace
     # Fewer workers than pods waiting on the silent target: a pod that held a worker while it
     # waited for its turn would leave none for the other namespace.
     world = await make_world(namespaces=(EVIL, GOOD), workers=most + 2)
@@ -148,7 +150,7 @@ async def test_a_pod_woken_for_a_slot_it_does_not_take_leaves_it_to_the_next(
     """The pod asked again when a create ends may no longer need a slot (deleted meanwhile, or
     placed in another owner's target): the slot goes to the next pod waiting within a second,
     not after the ``CREATE_TIMEOUT`` backstop."""
-    most = scheduler_module.MAX_CREATES_PER_OWNER
+    most = scheduler_module.MAX_CREATES_PER_NAMESPACE
     world = await make_world(namespaces=(EVIL,), workers=most + 2)
     target = SilentCluster("evil")
     silent = target.silent
@@ -166,3 +168,38 @@ async def test_a_pod_woken_for_a_slot_it_does_not_take_leaves_it_to_the_next(
     silent.answer()
     await until(lambda: len(silent.asked) == most + 1, timeout=3.0)
     assert silent.asked[most] == delegate_of(world, names[most + 1], EVIL)
+
+
+async def test_one_namespace_never_holds_every_slot_of_a_cluster_target(
+    make_world: Callable[..., Awaitable[World]],
+) -> None:
+    """A ClusterTarget serves every namespace: one namespace's burst, stalled there, holds
+    ``MAX_CREATES_PER_NAMESPACE`` of its slots, and another namespace's pods take the others at
+    once; when a slot frees while both wait, the namespaces take turns."""
+    per_owner = scheduler_module.MAX_CREATES_PER_OWNER
+    per_namespace = scheduler_module.MAX_CREATES_PER_NAMESPACE
+    world = await make_world(namespaces=(EVIL, GOOD), workers=per_owner + 4)
+    target = SilentCluster("shared")
+    silent = target.silent
+    await world.connect("shared", node("shared-1", cpu="100"), ns=None, cluster=target)
+    world.run_workers()
+    evil = [f"m{i}" for i in range(30)]
+    for name in evil:
+        await world.submit(elected(name, EVIL))
+    await until(lambda: len(silent.stalled) == per_namespace)
+    await asyncio.sleep(0.05)
+    assert len(silent.stalled) == per_namespace, "the burst leaves slots to other namespaces"
+    good = [f"g{i}" for i in range(5)]
+    for name in good:
+        await world.submit(elected(name, GOOD))
+    await until(lambda: len(silent.stalled) == per_owner)
+    spare = per_owner - per_namespace
+    assert silent.asked[per_namespace:] == [delegate_of(world, n, GOOD) for n in good[:spare]]
+
+    # Both namespaces wait: each slot given back goes to them in turn.
+    silent.answer(per_owner)
+    await until(lambda: len(silent.asked) == 2 * per_owner)
+    later = silent.asked[per_owner:]
+    mine = {delegate_of(world, n, GOOD) for n in good}
+    assert sum(name in mine for name in later) == len(good) - spare, "the rest of GOOD's pods"
+    await until(lambda: len(silent.stalled) == per_owner)
