@@ -273,6 +273,7 @@ def test_cleanup_removes_only_what_was_made():
         "clustersources.multicluster.admiralty.io",
         "clustersummaries.multicluster.admiralty.io",
         "clustertargets.multicluster.admiralty.io",
+        "sourceheartbeats.multicluster.admiralty.io",
         "sources.multicluster.admiralty.io",
         "targets.multicluster.admiralty.io",
     )

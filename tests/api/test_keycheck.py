@@ -75,6 +75,7 @@ def test_a_key_without_admiralty_nor_elect_is_never_a_mistake(key: str):
 
 def test_the_agents_own_keys_are_known():
     assert RECREATED in POD_ANNOTATIONS
+    assert keys.SOURCEPOD_MANIFEST_MAC in POD_ANNOTATIONS
 
 
 def test_enabled_namespaces():
