@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -678,3 +679,53 @@ def test_a_pod_naming_the_source_identity_as_its_account_is_not_placed_there(
     finally:
         kubectl(SOURCE, "delete", "pod", "as-source", "-n", namespace, "--wait=false")
         disconnect(kubectl, namespace)
+
+
+# -- the webhook ----------------------------------------------------------------------------------
+
+
+def test_a_tenants_constraints_annotation_holds_up_no_other_pod(
+    installation: Installation, kubectl: Kubectl, tenants: tuple[str, str]
+):
+    """Mallory may edit namespace B, both namespaces are enabled. Her elected pod's
+    ``proxy-pod-scheduling-constraints`` is 120 KB of ``[``: YAML the webhook reads, on the path
+    of every pod creation in enabled namespaces. Before, reading it kept the webhook busy for
+    minutes: the other namespace's pods, created meanwhile, were refused (the API server's 10 s
+    timeout for the webhook). Now her pod is refused at once, with the reason, and theirs are
+    admitted."""
+    victim, attacker = tenants
+    for name in tenants:
+        kubectl(SOURCE, "label", "namespace", name, ENABLED)
+    grant(kubectl, SOURCE, "mallory", "edit", attacker)
+    bomb = elected_pod("bomb")
+    bomb["metadata"]["annotations"][PREFIX + "proxy-pod-scheduling-constraints"] = "[" * 120_000
+    answers: list = []
+
+    def attack() -> None:
+        started = time.monotonic()
+        proc = kubectl.run(
+            SOURCE, as_user("mallory"), "create", "-n", attacker, "-f", "-",
+            stdin=json.dumps(bomb), check=False,
+        )  # fmt: skip
+        answers.append((proc, time.monotonic() - started))
+
+    attacking = threading.Thread(target=attack)
+    attacking.start()
+    try:
+        time.sleep(1.0)  # her request is at the webhook
+        for i in range(3):
+            started = time.monotonic()
+            proc = kubectl.run(
+                SOURCE, "run", f"other-{i}", "-n", victim, "--image=busybox",
+                f"--annotations={PREFIX}elect=", check=False,
+            )  # fmt: skip
+            took = time.monotonic() - started
+            assert proc.returncode == 0, f"another tenant's pod refused: {proc.stderr}"
+            assert took < 5.0, f"another tenant's pod admitted after {took:.1f} s"
+    finally:
+        attacking.join()
+    ((proc, took),) = answers
+    print(f"the bomb refused in {took:.2f} s: {proc.stderr.strip()}")
+    assert proc.returncode != 0
+    assert "is 120000 bytes: a PodSpec fragment" in proc.stderr
+    assert took < 5.0
