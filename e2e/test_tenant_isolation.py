@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 import threading
 import time
@@ -729,3 +730,65 @@ def test_a_tenants_constraints_annotation_holds_up_no_other_pod(
     assert proc.returncode != 0
     assert "is 120000 bytes: a PodSpec fragment" in proc.stderr
     assert took < 5.0
+
+
+def test_a_tenants_kubeconfig_secret_holds_up_no_other_tenants_placements(
+    installation: Installation, testbed: TestBed, kubectl: Kubectl, tenants: tuple[str, str]
+):
+    """Mallory may edit namespace B, joined to cluster2 (Target c2 reads its kubeconfig from
+    Secret c2 there, as ``join`` makes it). She rewrites that Secret with 1 MB of YAML made of
+    small flow mappings. Before, the agent read it on its event loop for 13 s, at each change:
+    every controller stood still (another namespace's pods were placed 21 s late). Now the
+    Target is ``InvalidKubeconfig`` at once, with the reason, and the loop is never late."""
+    victim, attacker = tenants
+    agent = installation.agents[SOURCE][0]
+    try:
+        for name in tenants:
+            connect(kubectl, testbed, name)
+            kubectl(SOURCE, "label", "namespace", name, ENABLED)
+        grant(kubectl, SOURCE, "mallory", "edit", attacker)
+        before = len(installation.agent_log(agent))
+        bomb = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "c2", "namespace": attacker},
+            "stringData": {"config": "a: [" + "{b: c}," * 140_000 + "]"},
+        }
+        kubectl(SOURCE, as_user("mallory"), "replace", "-f", "-", stdin=json.dumps(bomb))
+        started = time.monotonic()
+        for i in range(3):
+            kubectl(
+                SOURCE, "create", "-n", victim, "-f", "-", stdin=json.dumps(elected_pod(f"p{i}"))
+            )
+
+        def placed() -> bool:
+            found = [proxy_pod(kubectl, victim, f"p{i}")["spec"].get("nodeName") for i in range(3)]
+            return all(found)
+
+        wait_for(placed, 30, what="the other namespace's pods placed")
+        took = time.monotonic() - started
+        ready = wait_for(
+            lambda: (
+                (found := condition(kubectl.json(SOURCE, "get", "target", "c2", "-n", attacker),
+                                    "Ready")).get("reason") == "InvalidKubeconfig"
+                and found
+            ),
+            30, what="Target c2 of B InvalidKubeconfig",
+        )  # fmt: skip
+        print(
+            f"placed in {took:.1f} s; Target c2 of B: {ready.get('reason')}: {ready.get('message')}"
+        )
+        assert ready.get("reason") == "InvalidKubeconfig"
+        assert "bytes: at most 262144 are read from a Secret" in ready.get("message", "")
+        late = [
+            float(lag)
+            for lag in re.findall(
+                r"event loop late by ([0-9.]+)s", installation.agent_log(agent)[before:]
+            )
+        ]
+        assert max(late, default=0.0) < 5.0, f"the agent's event loop was late by {max(late)} s"
+        assert took < 10.0
+    finally:
+        for name in tenants:
+            kubectl(SOURCE, "delete", "pods", "--all", "-n", name, "--wait=false")
+            disconnect(kubectl, name)
