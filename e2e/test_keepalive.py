@@ -20,6 +20,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +28,7 @@ from e2e.cluster import TestBed, wait_for
 from e2e.cluster.install import Installation
 from e2e.kubectl import Kubectl
 from e2e.test_join import join
-from e2e.topology import SOURCE, TARGET
+from e2e.topology import SOURCE, TARGET, kubeconfig_for
 from multicluster_scheduler.api.keepalive import (
     AWAY,
     LEGACY_HEARTBEAT_LABEL,
@@ -346,6 +347,99 @@ def test_a_tenants_heartbeat_for_a_cluster_that_does_not_exist_keeps_nothing_ali
     delete(kubectl, namespace, impostor["metadata"]["name"])
     stays_gone(kubectl, namespace, impostor["metadata"]["name"])
     assert "last written by eve" in refusal(kubectl, namespace, impostor["metadata"]["name"])
+
+
+def test_someone_who_may_edit_the_sources_namespace_speaks_not_for_its_account(
+    joined: str, testbed: TestBed, kubectl: Kubectl, tmp_path: Path
+):
+    """cluster1's Source in cluster2 names a service account of the namespace, and Kubernetes'
+    ``edit`` role there grants impersonating its service accounts and making tokens for them.
+    Eve (a service account of a namespace of her own, bound to ``edit`` there) writes, as
+    cluster1's account, a heartbeat for a cluster of her invention listing a privileged pod of
+    hers; another one with a token she made for that account. The admin removes her access,
+    deletes both pods and makes the account again (a new uid: her token dies). Before, both pods
+    were created again by the agent, a minute later (the first as the first heartbeat attack of
+    this module, which "edit cannot write a SourceHeartbeat" was to stop). Now the impersonated
+    heartbeat is refused, and the other one was written with a token of an account that is no
+    more."""
+    namespace = joined
+    account = f"system:serviceaccount:{namespace}:{SOURCE}"
+    home = f"{namespace}-eve"
+    kubectl(TARGET, "create", "namespace", home)
+    try:
+        kubectl(TARGET, "create", "serviceaccount", "eve", "-n", home)
+        kubectl(
+            TARGET, "create", "rolebinding", "eve-edit", "--clusterrole=edit",
+            f"--serviceaccount={home}:eve", "-n", namespace,
+        )  # fmt: skip
+        token = kubectl(TARGET, "create", "token", "eve", "-n", home).strip()
+        eve = as_token(testbed, tmp_path, token, namespace)
+        impostors = {}
+
+        def heartbeat_listing_an_impostor(ghost: str) -> dict:
+            impostor = shaped_like_a_delegate(namespace, ghost)
+            made = json.loads(eve("create", "-f", "-", "-o", "json", stdin=json.dumps(impostor)))
+            impostors[ghost] = made["metadata"]["name"]
+            return {
+                "apiVersion": GROUP,
+                "kind": "SourceHeartbeat",
+                "metadata": {"name": heartbeat_name(ghost), "namespace": namespace},
+                "spec": {
+                    "source": ghost,
+                    "writer": account,
+                    "renewTime": now(),
+                    "delegates": {made["metadata"]["name"]: made["metadata"]["uid"]},
+                },
+            }
+
+        # Impersonating cluster1's account (edit grants it).
+        heartbeat = heartbeat_listing_an_impostor("ghost-a")
+        written = eve("--as", account, "create", "-f", "-", stdin=json.dumps(heartbeat),
+                      check=False)  # fmt: skip
+        print(f"impersonated: {written.strip()}")
+        assert "created" in written or "not by impersonating it" in written
+        # With a token she made for cluster1's account (edit grants it too).
+        heartbeat = heartbeat_listing_an_impostor("ghost-b")
+        speak = as_token(testbed, tmp_path, eve("create", "token", SOURCE).strip(), namespace)
+        who = json.loads(speak("auth", "whoami", "-o", "json"))["status"]["userInfo"]
+        assert who["username"] == account
+        heartbeat["spec"]["writerUID"] = who.get("uid")
+        speak("create", "--validate=warn", "-f", "-", stdin=json.dumps(heartbeat))
+        time.sleep(2 * LOOK_EVERY)  # the keeper follows them, and the pods of the namespace
+
+        old_uid = kubectl.json(TARGET, "get", "serviceaccount", SOURCE, "-n", namespace)
+        kubectl(TARGET, "delete", "rolebinding", "eve-edit", "-n", namespace)
+        for name in impostors.values():
+            delete(kubectl, namespace, name)
+        kubectl(TARGET, "delete", "serviceaccount", SOURCE, "-n", namespace)
+        wait_for(
+            lambda: (
+                kubectl.run(TARGET, "get", "serviceaccount", SOURCE, "-n", namespace, "-o",
+                            "jsonpath={.metadata.uid}", check=False).stdout
+                not in ("", old_uid["metadata"]["uid"])
+            ),
+            30, what="the Source's account made again",
+        )  # fmt: skip
+        stays_gone(kubectl, namespace, *impostors.values())
+        said = refusal(kubectl, namespace, impostors["ghost-b"])
+        print(said)
+        assert "an earlier service account" in said or "no longer exists" in said
+    finally:
+        kubectl(TARGET, "delete", "namespace", home, "--wait=false")
+
+
+def as_token(testbed: TestBed, folder: Path, token: str, namespace: str):
+    """``run(*args)``: kubectl in ``namespace`` of cluster2 with ``token`` only (no client
+    certificate); its output (``check=False``: and its errors, whatever its exit)."""
+    path = folder / f"token-{uuid.uuid4().hex[:8]}.kubeconfig"
+    path.write_text(kubeconfig_for(testbed, token))
+    with_token = Kubectl(path, testbed.bin_dir)
+
+    def run(*args: str, stdin: str | None = None, check: bool = True) -> str:
+        proc = with_token.run("c2", "-n", namespace, *args, stdin=stdin, check=check)
+        return proc.stdout if check else proc.stdout + proc.stderr
+
+    return run
 
 
 def test_a_pod_shaped_like_a_real_sources_delegate_is_not_kept_alive(

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -678,3 +680,115 @@ def test_a_pod_naming_the_source_identity_as_its_account_is_not_placed_there(
     finally:
         kubectl(SOURCE, "delete", "pod", "as-source", "-n", namespace, "--wait=false")
         disconnect(kubectl, namespace)
+
+
+# -- the webhook ----------------------------------------------------------------------------------
+
+
+def test_a_tenants_constraints_annotation_holds_up_no_other_pod(
+    installation: Installation, kubectl: Kubectl, tenants: tuple[str, str]
+):
+    """Mallory may edit namespace B, both namespaces are enabled. Her elected pod's
+    ``proxy-pod-scheduling-constraints`` is 120 KB of ``[``: YAML the webhook reads, on the path
+    of every pod creation in enabled namespaces. Before, reading it kept the webhook busy for
+    minutes: the other namespace's pods, created meanwhile, were refused (the API server's 10 s
+    timeout for the webhook). Now her pod is refused at once, with the reason, and theirs are
+    admitted."""
+    victim, attacker = tenants
+    for name in tenants:
+        kubectl(SOURCE, "label", "namespace", name, ENABLED)
+    grant(kubectl, SOURCE, "mallory", "edit", attacker)
+    bomb = elected_pod("bomb")
+    bomb["metadata"]["annotations"][PREFIX + "proxy-pod-scheduling-constraints"] = "[" * 120_000
+    answers: list = []
+
+    def attack() -> None:
+        started = time.monotonic()
+        proc = kubectl.run(
+            SOURCE, as_user("mallory"), "create", "-n", attacker, "-f", "-",
+            stdin=json.dumps(bomb), check=False,
+        )  # fmt: skip
+        answers.append((proc, time.monotonic() - started))
+
+    attacking = threading.Thread(target=attack)
+    attacking.start()
+    try:
+        time.sleep(1.0)  # her request is at the webhook
+        for i in range(3):
+            started = time.monotonic()
+            proc = kubectl.run(
+                SOURCE, "run", f"other-{i}", "-n", victim, "--image=busybox",
+                f"--annotations={PREFIX}elect=", check=False,
+            )  # fmt: skip
+            took = time.monotonic() - started
+            assert proc.returncode == 0, f"another tenant's pod refused: {proc.stderr}"
+            assert took < 5.0, f"another tenant's pod admitted after {took:.1f} s"
+    finally:
+        attacking.join()
+    ((proc, took),) = answers
+    print(f"the bomb refused in {took:.2f} s: {proc.stderr.strip()}")
+    assert proc.returncode != 0
+    assert "is 120000 bytes: a PodSpec fragment" in proc.stderr
+    assert took < 5.0
+
+
+def test_a_tenants_kubeconfig_secret_holds_up_no_other_tenants_placements(
+    installation: Installation, testbed: TestBed, kubectl: Kubectl, tenants: tuple[str, str]
+):
+    """Mallory may edit namespace B, joined to cluster2 (Target c2 reads its kubeconfig from
+    Secret c2 there, as ``join`` makes it). She rewrites that Secret with 1 MB of YAML made of
+    small flow mappings. Before, the agent read it on its event loop for 13 s, at each change:
+    every controller stood still (another namespace's pods were placed 21 s late). Now the
+    Target is ``InvalidKubeconfig`` at once, with the reason, and the loop is never late."""
+    victim, attacker = tenants
+    agent = installation.agents[SOURCE][0]
+    try:
+        for name in tenants:
+            connect(kubectl, testbed, name)
+            kubectl(SOURCE, "label", "namespace", name, ENABLED)
+        grant(kubectl, SOURCE, "mallory", "edit", attacker)
+        before = len(installation.agent_log(agent))
+        bomb = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "c2", "namespace": attacker},
+            "stringData": {"config": "a: [" + "{b: c}," * 140_000 + "]"},
+        }
+        kubectl(SOURCE, as_user("mallory"), "replace", "-f", "-", stdin=json.dumps(bomb))
+        started = time.monotonic()
+        for i in range(3):
+            kubectl(
+                SOURCE, "create", "-n", victim, "-f", "-", stdin=json.dumps(elected_pod(f"p{i}"))
+            )
+
+        def placed() -> bool:
+            found = [proxy_pod(kubectl, victim, f"p{i}")["spec"].get("nodeName") for i in range(3)]
+            return all(found)
+
+        wait_for(placed, 30, what="the other namespace's pods placed")
+        took = time.monotonic() - started
+        ready = wait_for(
+            lambda: (
+                (found := condition(kubectl.json(SOURCE, "get", "target", "c2", "-n", attacker),
+                                    "Ready")).get("reason") == "InvalidKubeconfig"
+                and found
+            ),
+            30, what="Target c2 of B InvalidKubeconfig",
+        )  # fmt: skip
+        print(
+            f"placed in {took:.1f} s; Target c2 of B: {ready.get('reason')}: {ready.get('message')}"
+        )
+        assert ready.get("reason") == "InvalidKubeconfig"
+        assert "bytes: at most 262144 are read from a Secret" in ready.get("message", "")
+        late = [
+            float(lag)
+            for lag in re.findall(
+                r"event loop late by ([0-9.]+)s", installation.agent_log(agent)[before:]
+            )
+        ]
+        assert max(late, default=0.0) < 5.0, f"the agent's event loop was late by {max(late)} s"
+        assert took < 10.0
+    finally:
+        for name in tenants:
+            kubectl(SOURCE, "delete", "pods", "--all", "-n", name, "--wait=false")
+            disconnect(kubectl, name)

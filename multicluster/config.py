@@ -46,6 +46,31 @@ INLINE_CLUSTER_FIELDS = frozenset(
     }
 )
 
+# A kubeconfig kept in a Secret is written by whoever may write Secrets in a Target's namespace
+# (Kubernetes' edit role), and read on the agent's event loop whenever it changes: YAML costs
+# time in the number of its nodes (a Secret of 1 MB of small flow mappings held the loop 13 s,
+# for every tenant). One target's kubeconfig has tens of lines, one of 20 contexts 250; its
+# certificates are long lines, which cost little. So a Secret's is read within these bounds
+# (lines, commas and opening brackets count its nodes), with libyaml when PyYAML has it.
+MAX_SECRET_KUBECONFIG = 256 * 1024  # bytes
+MAX_SECRET_KUBECONFIG_ITEMS = 4096
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _within_bounds(data: bytes) -> None:
+    """ConfigError unless the kubeconfig ``data`` of a Secret is within the bounds above."""
+    if len(data) > MAX_SECRET_KUBECONFIG:
+        raise ConfigError(
+            f"kubeconfig is {len(data)} bytes: at most {MAX_SECRET_KUBECONFIG} are read from a "
+            "Secret"
+        )
+    items = sum(data.count(mark) for mark in (b"\n", b",", b"[", b"{"))
+    if items > MAX_SECRET_KUBECONFIG_ITEMS:
+        raise ConfigError(
+            f"kubeconfig has {items} lines and list or mapping items: at most "
+            f"{MAX_SECRET_KUBECONFIG_ITEMS} are read from a Secret (one target's has tens)"
+        )
+
 
 def _parse(data: str | bytes) -> dict:
     """Kubeconfig text as a mapping. Errors never quote the text (it holds credentials)."""
@@ -54,7 +79,7 @@ def _parse(data: str | bytes) -> dict:
     except UnicodeDecodeError as e:
         raise ConfigError(f"kubeconfig is not UTF-8 text: {e.reason} at byte {e.start}") from None
     try:
-        parsed = yaml.safe_load(text)
+        parsed = yaml.load(text, Loader=_LOADER)  # a safe loader: plain data only
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -196,6 +221,7 @@ class ClusterConfig:
         except (binascii.Error, ValueError) as e:
             raise ConfigError(f"{where} key {key!r} is not base64: {e}") from e
         try:
+            _within_bounds(data)
             parsed = _parse(data)
             problem = untrusted_problem(parsed)
             if problem:

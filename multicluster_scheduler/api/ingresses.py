@@ -23,6 +23,7 @@ import enum
 import functools
 import ipaddress
 import re
+import socket
 import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -316,10 +317,32 @@ def _host_of(token: str) -> str | None:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _host_outside(host: str, namespace: str) -> str | None:
+# What C's inet_aton, and the resolvers built on it, read as an IPv4 address: one to four
+# numbers, decimal, octal or hexadecimal (127.1, 2130706433 and 0x7f.0.0.1 are 127.0.0.1;
+# 169.254.43518 is 169.254.169.254).
+_SHORTHAND_IPV4 = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}")
+
+
+def _address(name: str, shorthand: bool) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``name`` is, if it is one; with ``shorthand``, in the forms of
+    :data:`_SHORTHAND_IPV4` too (not for a bare number, which an annotation's value often is)."""
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    if not shorthand or not _SHORTHAND_IPV4.fullmatch(name):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(name))
+    except OSError:
+        return None
+
+
+def _host_outside(host: str, namespace: str, in_url: bool = False) -> str | None:
     """What a host name or address names outside ``namespace``: a Service or pod of another
     namespace by its cluster DNS name (``<name>.<namespace>.svc[.<domain>]``), or the target's
-    own node or its cloud's metadata service (loopback, link-local, unspecified addresses)."""
+    own node or its cloud's metadata service (loopback, link-local, unspecified addresses, also
+    written short, as resolvers read them, in a URL or with a dot: ``http://127.1/``)."""
     name = host.lower().removesuffix(".")
     labels = name.split(".")
     for i, label in enumerate(labels):
@@ -327,9 +350,8 @@ def _host_outside(host: str, namespace: str) -> str | None:
             return f"namespace {shown(labels[i - 1])} ({shown(name)})"
     if name == "localhost" or name.endswith(".localhost"):
         return f"the target's own node ({name})"
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
+    address = _address(name, in_url or "." in name)
+    if address is None:
         return None
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
@@ -370,7 +392,7 @@ def outside_references(value: str, namespace: str) -> list[str]:
                 found.add(said)
             continue
         host = _host_of(token)
-        said = _host_outside(host, namespace) if host else None
+        said = _host_outside(host, namespace, "://" in token) if host else None
         if said:
             found.add(said)
     return sorted(found)

@@ -16,6 +16,11 @@ under the same name, but only when all of these hold (:func:`refusal` says which
 - the heartbeat was last written by the identity of a Source of that namespace, or of a
   ClusterSource, that exists and is not being deleted, and that identity may create pods there
   now (a SubjectAccessReview): losing the source's access ends the protection;
+- a service account wrote it with a token of its own, of the account that exists now
+  (``spec.writerUID``, which the chart's policy makes the writer's uid): Kubernetes' ``edit``
+  role lets whoever has it impersonate the service accounts of its namespace, a namespaced
+  Source's among them, and an impersonated request has no uid; an account deleted and made
+  again (a new uid) voids its old tokens and what they wrote;
 - its spec was not changed after it was created (``metadata.generation``);
 - it restarts always and had not ended.
 
@@ -56,11 +61,19 @@ def heartbeat_name(cluster_name: str) -> str:
 
 
 def heartbeat_object(
-    cluster_name: str, namespace: str, writer: str, now: str, delegates: Mapping[str, str]
+    cluster_name: str,
+    namespace: str,
+    writer: str,
+    now: str,
+    delegates: Mapping[str, str],
+    writer_uid: str = "",
 ) -> dict:
     """The heartbeat of source ``cluster_name`` in ``namespace``, renewed at ``now`` (a
-    MicroTime) by ``writer`` (the user name the source has there), listing ``delegates``."""
+    MicroTime) by ``writer`` (the user name the source has there, of uid ``writer_uid``),
+    listing ``delegates``."""
     spec: dict = {"source": cluster_name, "writer": writer, "renewTime": now}
+    if writer_uid:
+        spec["writerUID"] = writer_uid
     if delegates:
         spec["delegates"] = dict(delegates)
     return {
@@ -79,6 +92,7 @@ class Heartbeat:
     writer: str
     renew_time: str
     delegates: Mapping[str, str]
+    writer_uid: str = ""  # as the API server authenticated the writer ("": none)
 
     def lists(self, name: str, uid: object) -> bool:
         """Whether the source says it created the pod ``name`` of this ``uid``."""
@@ -102,7 +116,14 @@ def read_heartbeat(obj: dict) -> Heartbeat | None:
     if not isinstance(listed, dict) or len(listed) > MAX_DELEGATES:
         return None
     delegates = {k: v for k, v in listed.items() if isinstance(k, str) and isinstance(v, str)}
-    return Heartbeat(source, writer, renewed if isinstance(renewed, str) else "", delegates)
+    uid = spec.get("writerUID")
+    return Heartbeat(
+        source,
+        writer,
+        renewed if isinstance(renewed, str) else "",
+        delegates,
+        uid if isinstance(uid, str) else "",
+    )
 
 
 def restarts_always(pod: dict) -> bool:
@@ -212,17 +233,51 @@ def known_writer(writer: str, sources: Iterable[dict], cluster_sources: Iterable
     return any(writer in identities(s) for s in (*sources, *cluster_sources))
 
 
+def service_account(user: str) -> tuple[str, str] | None:
+    """The namespace and name of the service account ``user`` is, if it is one."""
+    parts = user.split(":")
+    if len(parts) == 4 and user.startswith(SERVICE_ACCOUNT_PREFIX) and all(parts[2:]):
+        return parts[2], parts[3]
+    return None
+
+
 def groups_of(user: str) -> list[str]:
     """The groups the API server gives ``user`` when it authenticates a service account's token
     (any other user: only ``system:authenticated``, the groups it really has are not known)."""
-    parts = user.split(":")
-    if len(parts) == 4 and user.startswith(SERVICE_ACCOUNT_PREFIX) and all(parts[2:]):
+    account = service_account(user)
+    if account is not None:
         return [
             "system:serviceaccounts",
-            f"system:serviceaccounts:{parts[2]}",
+            f"system:serviceaccounts:{account[0]}",
             "system:authenticated",
         ]
     return [AUTHENTICATED]
+
+
+def account_refusal(heartbeat: Heartbeat, account_uid: str | None) -> str | None:
+    """Why ``heartbeat``, written by a service account, is not that account's word: it was
+    written without a token of its own (impersonated: Kubernetes' ``edit`` role grants that for
+    the accounts of its namespace, so whoever may edit a namespace where a Source's account is
+    could speak for it), or with a token of an account of that name deleted since
+    (``account_uid``: the uid of the one that exists now; None: none does). None when it is, or
+    when the writer is a user (``edit`` grants no impersonation of users)."""
+    account = service_account(heartbeat.writer)
+    if account is None:
+        return None
+    named = f"service account {account[0]}/{account[1]}"
+    if not heartbeat.writer_uid:
+        return (
+            f"the heartbeat was written as {named} without a token of that account (by "
+            "someone impersonating it, which Kubernetes' edit role grants in its namespace)"
+        )
+    if account_uid is None:
+        return f"{named}, which wrote the heartbeat, no longer exists"
+    if account_uid != heartbeat.writer_uid:
+        return (
+            f"the heartbeat was written with a token of an earlier {named} (deleted and made "
+            "again since: its tokens, and what they wrote, no longer count)"
+        )
+    return None
 
 
 def refusal(gone: dict, heartbeat: Heartbeat, writer_known: bool) -> str | None:

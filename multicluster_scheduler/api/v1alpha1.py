@@ -361,6 +361,13 @@ class SourceHeartbeatSpec(Model):
         description="User name of whoever wrote this heartbeat last: the identity the source "
         "cluster has here. The chart's admission policy refuses any other value.",
     )
+    writerUID: str | None = Field(
+        None,
+        max_length=128,
+        description="UID of whoever wrote this heartbeat last, as the API server authenticated "
+        "them (for a service account, the uid of the account whose token wrote it; none when "
+        "someone impersonated it). The chart's admission policy refuses any other value.",
+    )
     renewTime: str = Field(
         description="When the source last renewed it (RFC 3339, microseconds).",
         json_schema_extra={"format": "date-time"},

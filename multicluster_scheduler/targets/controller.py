@@ -94,8 +94,9 @@ def secret_reference(target: dict) -> str | None:
     return f"{namespace}/{ref.get('name')}"
 
 
-async def identity_of(client: Client) -> str | None:
-    """Who the target says we are (a SelfSubjectReview), or None when it does not say in time."""
+async def identity_of(client: Client) -> tuple[str, str] | None:
+    """Who the target says we are (a SelfSubjectReview): our user name there and its uid (""
+    when it gives none), or None when it does not say in time."""
     review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
     try:
         async with asyncio.timeout(IDENTITY_TIMEOUT):
@@ -103,9 +104,13 @@ async def identity_of(client: Client) -> str | None:
     except (ApiError, TimeoutError) as e:
         log.info("target did not say who we are server=%s error=%s", client.name, e)
         return None
-    user = ((answer or {}).get("status") or {}).get("userInfo") or {}
+    status = (answer or {}).get("status") if isinstance(answer, dict) else None
+    user = status.get("userInfo") if isinstance(status, dict) else None
     name = user.get("username") if isinstance(user, dict) else None
-    return name if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    uid = user.get("uid") if isinstance(user, dict) else None
+    return name, uid if isinstance(uid, str) else ""
 
 
 def classify(error: Exception, namespace: str | None = None) -> tuple[str, str]:
@@ -300,7 +305,8 @@ class TargetsReconciler:
         delegates.add_indexer(REFERENCE_INDEX, by_reference)
         connection.cluster, connection.summaries = cluster, summaries
         connection.delegates = delegates
-        connection.identity = None if cluster is self.local else await identity_of(cluster.client)
+        found = None if cluster is self.local else await identity_of(cluster.client)
+        connection.identity, connection.identity_uid = found or (None, "")
         if cluster is not self.local:
             self.manager.add_cluster(cluster)
         self._config_keys[connection.node_name] = key

@@ -252,9 +252,11 @@ class SourceHeartbeat:
                     waiter.set_result(True)
 
     async def _writer(self, connection: TargetConnection) -> str:
-        """The user name this cluster has in the target (what the chart's policy checks)."""
+        """The user name this cluster has in the target (what the chart's policy checks, with
+        its uid there, :attr:`TargetConnection.identity_uid`)."""
         if connection.identity is None:
-            connection.identity = await identity_of(connection.client)
+            found = await identity_of(connection.client)
+            connection.identity, connection.identity_uid = found or (None, "")
         if connection.identity is None:
             raise NoIdentity(f"target {connection.name} does not say who this cluster is there")
         return connection.identity
@@ -302,7 +304,8 @@ class SourceHeartbeat:
             dropped = set(fresh[max(room, 0) :])
             adds = {k: v for k, v in adds.items() if k not in dropped}
         now = _micro_now()
-        spec: dict = {"renewTime": now, "writer": writer}
+        uid = connection.identity_uid
+        spec: dict = {"renewTime": now, "writer": writer, "writerUID": uid or None}
         changes: dict[str, str | None] = {**dict.fromkeys(removes), **adds}
         if changes:
             spec["delegates"] = changes
@@ -312,7 +315,7 @@ class SourceHeartbeat:
             if not self._registered(connection):
                 return  # its Target is being deleted: its heartbeat is not made again
             listed = {k: v for k, v in beat.listed.items() if k not in removes and v} | adds
-            body = heartbeat_object(self.cluster_name, namespace, writer, now, listed)
+            body = heartbeat_object(self.cluster_name, namespace, writer, now, listed, uid)
             try:
                 await client.create(SOURCE_HEARTBEATS, body, namespace)
             except NotFound as e:  # no such resource (or no such namespace)

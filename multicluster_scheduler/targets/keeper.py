@@ -14,9 +14,11 @@ always is deleted, it is noted; every few seconds each noted delegate is looked 
 - no renewal for :data:`..api.keepalive.AWAY` seconds since the delegate went: the source is
   away. The delegate is created again as it was, under the same name (with the annotation
   ``multicluster.admiralty.io/recreated-while-source-away``; a Normal event
-  ``RecreatedWhileSourceAway``), if :func:`..api.keepalive.refusal` finds nothing against it and
-  the heartbeat's writer may create pods in that namespace now (a SubjectAccessReview); else a
-  Warning event ``NotRecreated`` and a log line say why, once.
+  ``RecreatedWhileSourceAway``), if :func:`..api.keepalive.refusal` finds nothing against it, a
+  service account that wrote the heartbeat wrote it with a token of its own account, the one of
+  that name now (:func:`..api.keepalive.account_refusal`), and the heartbeat's writer may create
+  pods in that namespace now (a SubjectAccessReview); else a Warning event ``NotRecreated`` and
+  a log line say why, once.
 
 Leases (the previous release's heartbeats) are not read: anyone with ``edit`` in a namespace may
 write one.
@@ -34,23 +36,25 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from multicluster import AlreadyExists, ApiError, Cluster, Informer, Unreachable
+from multicluster import AlreadyExists, ApiError, Cluster, Informer, NotFound, Unreachable
 from multicluster.errors import ServerError, TooManyRequests
 from multicluster.events import EventRecorder
 from multicluster.informer import DELETED
 from multicluster.kubetime import format_time
-from multicluster.resources import PODS, SUBJECT_ACCESS_REVIEWS
+from multicluster.resources import PODS, SERVICEACCOUNTS, SUBJECT_ACCESS_REVIEWS
 
 from ..api import keys
 from ..api.keepalive import (
     AWAY,
     Heartbeat,
     Verdict,
+    account_refusal,
     groups_of,
     known_writer,
     read_heartbeat,
     recreated,
     refusal,
+    service_account,
     slim,
     verdict,
 )
@@ -227,6 +231,8 @@ class DelegateKeeper:
         namespace, name = key
         why = refusal(missing.pod, heartbeat, self._writer_known(heartbeat, namespace))
         if why is None:
+            why = await self._account(heartbeat)
+        if why is None:
             why = await self.access(heartbeat.writer, groups_of(heartbeat.writer), namespace)
         if why is None:
             await self._recreate(key, missing)
@@ -247,6 +253,23 @@ class DelegateKeeper:
             f"this pod, deleted while cluster {source} was away (no heartbeat for {AWAY:g}s), is "
             f"not created again: {why}",
         )
+
+    async def _account(self, heartbeat: Heartbeat) -> str | None:
+        """Why the heartbeat is not the word of the service account that wrote it, if one did
+        (:func:`..api.keepalive.account_refusal`, with the uid that account has now)."""
+        account = service_account(heartbeat.writer)
+        if account is None:
+            return None
+        namespace, name = account
+        try:
+            async with asyncio.timeout(REVIEW_TIMEOUT):
+                found = await self.local.client.get(SERVICEACCOUNTS, name, namespace)
+        except NotFound:
+            found = None
+        except (ApiError, TimeoutError) as e:
+            return f"service account {namespace}/{name} could not be read: {e}"
+        uid = (found.get("metadata") or {}).get("uid") if isinstance(found, dict) else None
+        return account_refusal(heartbeat, uid if isinstance(uid, str) else None)
 
     async def _review(self, user: str, groups: list[str], namespace: str) -> str | None:
         """Whether ``user`` may create pods in ``namespace`` now, as the API server says."""

@@ -63,6 +63,7 @@ class TargetConnection:
     excluded_labels_regexp: str | None = None  # spec.excludedLabelsRegexp, as written
     excluded_labels: Any = None  # ... compiled (None: none, or invalid)
     identity: str | None = None  # who this cluster is to the target (a user name), if known
+    identity_uid: str = ""  # ... and its uid there ("": none given)
     not_ready_since: float | None = None  # since when it has been failing (not Connecting)
 
     def set_ready(self, ready: bool, reason: str, message: str) -> bool:

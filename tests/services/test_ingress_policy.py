@@ -258,6 +258,14 @@ def test_cluster_dns_names_of_another_namespace_are_found_alone_and_in_urls(
         "http://localhost/",
         "http://[::ffff:169.254.169.254]/",
         "http://0.0.0.0/",
+        # Written short, as C's inet_aton reads them (and ingress controllers' resolvers).
+        "http://127.1/",
+        "http://2130706433/",
+        "http://0x7f000001:10250/pods",
+        "http://0x7f.0.0.1/",
+        "http://169.254.43518/latest/meta-data",
+        "http://0/",
+        "127.1:10250",
     ],
 )
 def test_the_targets_own_node_and_metadata_service_are_found(url):
@@ -283,6 +291,9 @@ def test_the_targets_own_node_and_metadata_service_are_found(url):
         "web.team.svc.cluster.local",
         "team-strip@kubernetescrd",
         "me@example.com",
+        "0",  # a bare number is no address
+        "2130706433",
+        "1.5",
     ],
 )
 def test_values_that_stay_in_the_namespace_name_nothing_outside(value):

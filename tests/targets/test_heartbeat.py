@@ -185,6 +185,23 @@ async def test_a_delegate_is_listed_from_the_targets_answer_before_its_placement
     assert source.listed() == source.uids(first, second)
     assert len(source.writes("create")) == 1
     assert len(source.writes("patch")) == 2, "the first found nothing to patch"
+    assert "writerUID" not in stored["spec"], "an identity without a uid writes none"
+
+
+async def test_a_heartbeat_carries_the_uid_its_writer_has_in_the_target(source: Source):
+    """The chart's policy makes ``writerUID`` the uid the target authenticated the writer with
+    (a service account's own): the source writes it, on creation and on each patch, and takes it
+    off when it has none (another identity, after its kubeconfig changed)."""
+    source.connection.identity_uid = "sa-uid"
+    await source.create("web-1")
+    stored = source.stored()
+    assert stored is not None
+    assert stored["spec"]["writerUID"] == "sa-uid"
+    source.connection.identity_uid = ""
+    await source.create("web-2")
+    stored = source.stored()
+    assert stored is not None
+    assert "writerUID" not in stored["spec"]
 
 
 async def test_delegates_created_at_once_are_listed_in_few_writes_one_at_a_time(source: Source):

@@ -15,6 +15,7 @@ from multicluster_scheduler.api.keepalive import (
     RECREATED,
     Heartbeat,
     Verdict,
+    account_refusal,
     groups_of,
     heartbeat_name,
     heartbeat_object,
@@ -246,3 +247,24 @@ def test_a_delegate_is_recreated_only_when_its_source_missed_a_minute(since, bea
         assert beat is not None
         assert beat <= since
         assert now - since >= AWAY
+
+
+def test_a_service_account_speaks_only_with_a_token_of_its_own_account_as_it_is_now():
+    """Kubernetes' ``edit`` role grants impersonating the service accounts of its namespace (an
+    impersonated request has no uid), and making tokens for them (which die with the account:
+    one made again has a new uid). A user (``edit`` impersonates none) is taken at its word."""
+    made = heartbeat_object(SOURCE, "team", WRITER, RENEWED, {}, "sa-uid")
+    SourceHeartbeat.model_validate(made)
+    read = read_heartbeat(made)
+    assert read is not None
+    assert read.writer_uid == "sa-uid"
+    assert account_refusal(read, "sa-uid") is None
+    impersonated = heartbeat()
+    assert impersonated.writer_uid == ""
+    assert "without a token of that account" in (account_refusal(impersonated, "sa-uid") or "")
+    assert "no longer exists" in (account_refusal(read, None) or "")
+    assert "an earlier service account team/c1" in (account_refusal(read, "new-uid") or "")
+    assert account_refusal(heartbeat(writer="cluster1"), None) is None
+    odd = heartbeat_object(SOURCE, "team", WRITER, RENEWED, {})
+    odd["spec"]["writerUID"] = 7
+    assert read_heartbeat(odd).writer_uid == ""  # type: ignore[union-attr]

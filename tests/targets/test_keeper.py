@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from multicluster.resources import EVENTS, LEASES, PODS
+from multicluster.resources import EVENTS, LEASES, PODS, SERVICEACCOUNTS
 from multicluster.testing import FakeCluster
 from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.keepalive import (
@@ -64,6 +64,15 @@ def source(name: str = "c1", account: str = "c1", **meta: object) -> dict:
     }
 
 
+def account(name: str = "c1") -> dict:
+    """The Source's service account (its uid the server's)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": NS},
+    }
+
+
 class World:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -81,6 +90,7 @@ class World:
 
     async def start(self) -> None:
         self.api.add(SOURCES, source())
+        (self.account,) = self.api.add(SERVICEACCOUNTS, account())
         self.local.start()
         assert await self.local.wait_synced(3)
         self._running = asyncio.create_task(self.keeper.run())
@@ -98,10 +108,14 @@ class World:
         source: str = SOURCE,
         listed: dict[str, str] | None = None,
         writer: str = WRITER,
+        writer_uid: str | None = None,
         **meta: object,
     ) -> dict:
-        """A heartbeat created, once the keeper follows it."""
-        made = heartbeat_object(source, NS, writer, RENEWED, listed or {})
+        """A heartbeat created, once the keeper follows it; written by ``writer`` of uid
+        ``writer_uid`` (default: the account's, when the writer is the Source's account)."""
+        if writer_uid is None:
+            writer_uid = self.account["metadata"]["uid"] if writer == WRITER else ""
+        made = heartbeat_object(source, NS, writer, RENEWED, listed or {}, writer_uid)
         made["metadata"].update(meta)
         made = await self.client.create(SOURCE_HEARTBEATS, made, NS)
         await self.followed(made)
@@ -319,6 +333,58 @@ async def test_a_writer_that_may_no_longer_create_pods_keeps_nothing_alive(world
     assert world.created() == []
     (message,) = await refused(world)
     assert f"{WRITER} may not create pods in namespace {NS}" in message
+
+
+async def test_a_heartbeat_written_as_the_sources_account_without_its_token_keeps_nothing_alive(
+    world: World,
+):
+    """Kubernetes' ``edit`` role lets whoever has it in a namespace impersonate its service
+    accounts, a namespaced Source's among them: the API server authenticates no uid then, and
+    the chart's policy makes ``writerUID`` the writer's. Before, such a heartbeat kept alive the
+    privileged pods its writer listed after their access was gone."""
+    await world.beat(writer_uid="")
+    await world.gone(keepable())
+    world.clock.now += AWAY
+    await world.look()
+    assert world.created() == []
+    (message,) = await refused(world)
+    assert f"written as service account {NS}/c1 without a token of that account" in message
+    assert world.reviewed == [], "not asked: refused before"
+
+
+async def test_a_heartbeat_written_with_a_token_of_an_account_made_again_keeps_nothing_alive(
+    world: World,
+):
+    """Someone who could edit the namespace made a token of the Source's account, and wrote a
+    heartbeat with it; the admin, taking their access away, deletes the account (its tokens die)
+    and it is made again: what the old tokens wrote no longer counts either."""
+    await world.beat()
+    await world.gone(keepable("web-1"), keepable("web-2"))
+    await world.client.delete(SERVICEACCOUNTS, "c1", NS)
+    world.clock.now += AWAY
+    await world.look()
+    assert world.created() == []
+    gone, *_ = await refused(world, 2)
+    assert f"service account {NS}/c1, which wrote the heartbeat, no longer exists" in gone
+    await world.client.create(SERVICEACCOUNTS, account(), NS)
+    await world.gone(keepable("web-3"))
+    world.clock.now += AWAY
+    await world.look()
+    assert world.created() == []
+    messages = await refused(world, 3)
+    assert any(f"an earlier service account {NS}/c1 (deleted and made again" in m for m in messages)
+
+
+async def test_a_heartbeat_written_by_a_user_is_taken_without_a_uid(world: World):
+    """A Source may name a user (a client certificate has no uid): ``edit`` grants no
+    impersonation of users."""
+    await world.client.patch(SOURCES, "c1", {"spec": {"userName": "cluster1"}}, NS)
+    await until(lambda: world.keeper.sources.get("c1", NS)["spec"].get("userName"))
+    await world.beat(writer="cluster1")
+    (pod,) = await world.gone(keepable())
+    world.clock.now += AWAY
+    await world.look()
+    assert world.created() == [pod["metadata"]["name"]]
 
 
 async def test_a_delegate_whose_spec_was_changed_after_its_creation_is_not_recreated(

@@ -7,11 +7,14 @@ warning. Reviews of another version or kind are not answered as if they were our
 from __future__ import annotations
 
 import re
+import time
 
 import orjson
 import pytest
+import yaml
 
-from multicluster_scheduler.api import keys
+from multicluster_scheduler.api import constraints, keys
+from multicluster_scheduler.api.constraints import MAX_DEPTH, MAX_FRAGMENT
 from multicluster_scheduler.webhook.app import answer_review
 from multicluster_scheduler.webhook.mutation import (
     ANNOTATIONS_LIMIT,
@@ -179,3 +182,54 @@ def test_a_review_of_another_version_or_kind_is_not_an_admission_review(top, rea
 def test_a_review_without_version_and_kind_is_still_answered():
     body = orjson.dumps({"request": orjson.loads(review(pod()))["request"]})
     assert answer_review(body, KEY)[0] == "patched"
+
+
+class TestConstraintsCostLittle:
+    """``proxy-pod-scheduling-constraints`` is YAML a tenant writes, read on the path of every pod
+    creation in enabled namespaces: before, 120 KB of ``[`` cost the webhook three minutes of
+    CPU (PyYAML's scanner is quadratic in nesting, then the composer overflowed the stack), and
+    every other pod creation in every enabled namespace timed out meanwhile."""
+
+    CONSTRAINTS = keys.PROXY_POD_SCHEDULING_CONSTRAINTS
+    BOMBS = (
+        "[" * 120_000,  # over the size read
+        "[" * (MAX_FRAGMENT - 1),  # within it, nested too deep
+        '["]",' * (MAX_FRAGMENT // 6),  # quoted closers do not hide the nesting
+        "".join(" " * i + "a:\n" for i in range(MAX_DEPTH + 1)),  # block nesting
+        "{" * (MAX_FRAGMENT // 2) + "}" * (MAX_FRAGMENT // 2),
+    )
+
+    @pytest.mark.parametrize("loader", ["libyaml", "python"])
+    @pytest.mark.parametrize("text", BOMBS, ids=["size", "flow", "quoted", "block", "braces"])
+    def test_a_bomb_is_refused_at_once_with_the_reason(self, text, loader, monkeypatch):
+        if loader == "python":  # where PyYAML was built without libyaml
+            monkeypatch.setattr(constraints, "_LOADER", yaml.SafeLoader)
+        started = time.process_time()
+        result, answer = answer_review(review(pod({self.CONSTRAINTS: text})), KEY)
+        took = time.process_time() - started
+        assert result == "refused"
+        message = answer["response"]["status"]["message"]
+        assert re.search(r"bytes: a PodSpec fragment|nested more than|not YAML or JSON", message)
+        assert took < 2.0, f"{took:.1f} s of CPU for one pod"
+
+    @pytest.mark.parametrize("loader", ["libyaml", "python"])
+    def test_the_largest_fragment_read_costs_little(self, loader, monkeypatch):
+        if loader == "python":
+            monkeypatch.setattr(constraints, "_LOADER", yaml.SafeLoader)
+        toleration = "{key: a, operator: Exists}"
+        count = (MAX_FRAGMENT - 20) // (len(toleration) + 1)
+        text = "tolerations: [" + ",".join([toleration] * count) + "]"
+        assert len(text) <= MAX_FRAGMENT
+        started = time.process_time()
+        result, answer = answer_review(review(pod({self.CONSTRAINTS: text})), KEY)
+        assert result == "patched", answer
+        assert time.process_time() - started < 2.0
+
+    def test_the_bounds_leave_room_for_real_fragments(self):
+        deepest = (
+            "affinity:\n nodeAffinity:\n  requiredDuringSchedulingIgnoredDuringExecution:\n"
+            "   nodeSelectorTerms:\n   - matchExpressions:\n     - key: region\n"
+            "       operator: In\n       values: [eu, us]\n"
+        )
+        result, _ = answer_review(review(pod({self.CONSTRAINTS: deepest})), KEY)
+        assert result == "patched"
