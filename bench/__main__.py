@@ -1,6 +1,6 @@
-"""``python -m e2e.bench``: every benchmark of docs/performance.md, in one run.
+"""``python -m bench``: every benchmark of docs/performance.md, in one run.
 
-    python -m e2e.bench [--only rollout,placement,webhook,writes,targets,scale,growth]
+    python -m bench [--only rollout,placement,webhook,writes,targets,scale,growth]
                         [--out DIR] [--quick]
 
 Starts three clusters on this machine (see ``bed``), installs the chart in each, runs the
@@ -24,7 +24,7 @@ from pathlib import Path
 from . import report
 from .bed import BenchBed, dump, machine, versions
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("rollout", "placement", "webhook", "writes", "targets", "scale", "growth")
 
 
@@ -33,7 +33,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m e2e.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated benchmarks")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")

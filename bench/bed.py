@@ -19,12 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from e2e.cluster import ClusterSpec, TestBed
-from e2e.cluster.install import Installation
 from multicluster import AlreadyExists, Cluster, Informer, NotFound
 from multicluster.resources import NAMESPACES, PODS
+from testbed import ClusterSpec, TestBed
+from testbed.install import Installation
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ("cluster1", "cluster2", "cluster3")
 SOURCE = CLUSTERS[0]
 CLIENT_QPS = 1000
@@ -79,7 +79,7 @@ def machine() -> dict:
 
 
 def versions(bin_dir: Path) -> dict:
-    from e2e.testbin import load_pins
+    from testbed.testbin import load_pins
 
     found = {tool.name: tool.version for tool in load_pins()}
     try:
@@ -347,7 +347,7 @@ class BenchBed:
         agent_args: tuple[str, ...] = (),
         profile: Path | None = None,
     ):
-        from e2e.testbin import build
+        from testbed.testbin import build
 
         self.dir = directory
         self.profile = profile

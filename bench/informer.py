@@ -1,6 +1,6 @@
 """Benchmark: an informer over 10,000 pods of one real cluster.
 
-    python -m e2e.bench.informer [--pods 10000] [--out results.json]
+    python -m bench.informer [--pods 10000] [--out results.json]
 
 Starts a one-cluster test bed (or uses ``--kubeconfig``/``--context``), creates the pods (bound
 to kwok nodes, which mark them Running), then, for full objects and for a slim projection,
@@ -28,7 +28,7 @@ from multicluster.informer import strip_managed_fields
 from multicluster.resources import NAMESPACES, NODES, PODS
 
 NAMESPACE = "bench-informer"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def slim_pod(pod: dict) -> dict:
@@ -192,7 +192,7 @@ async def orchestrate(args: argparse.Namespace, kubeconfig: str, context: str) -
                 [
                     sys.executable,
                     "-m",
-                    "e2e.bench.informer",
+                    "bench.informer",
                     "--measure",
                     "--kubeconfig",
                     kubeconfig,
@@ -247,8 +247,8 @@ def main() -> int:
     bed = None
     kubeconfig = args.kubeconfig
     if kubeconfig is None:
-        from e2e.cluster import ClusterSpec, TestBed
-        from e2e.testbin import build
+        from testbed import ClusterSpec, TestBed
+        from testbed.testbin import build
 
         directory = Path(tempfile.mkdtemp(prefix="bench-informer-"))
         bed = TestBed([ClusterSpec(args.context, nodes=4)], directory, build())

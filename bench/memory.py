@@ -1,6 +1,6 @@
 """Benchmark: what the agent's pod caches cost, without a cluster.
 
-    python -m e2e.bench.memory [--pods 10000] [--targets 10] [--local 1667] [--json]
+    python -m bench.memory [--pods 10000] [--targets 10] [--local 1667] [--json]
 
 Builds pods as the scale benchmark leaves them (docs/performance.md, "6. Scale"): proxy pods
 as the webhook mutated them, bound to a virtual node and showing their delegate's status;
@@ -403,7 +403,7 @@ def whole(args: argparse.Namespace) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.bench.memory", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__)
     parser.add_argument("--pods", type=int, default=10_000, help="proxy pods (and delegates)")
     parser.add_argument("--targets", type=int, default=10, help="targets they are spread over")
     parser.add_argument(
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(whole(args)))
         return 0
     sizes = per_object(args)
-    command = [sys.executable, "-m", "e2e.bench.memory", "--rss-only"]
+    command = [sys.executable, "-m", "bench.memory", "--rss-only"]
     command += [
         "--pods",
         str(args.pods),

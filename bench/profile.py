@@ -1,6 +1,6 @@
 """Summarise py-spy's raw (collapsed) samples: where the agent's CPU time goes.
 
-    python -m e2e.bench.profile bench-results/agent-profile.txt [--top 25] [--match TEXT]
+    python -m bench.profile bench-results/agent-profile.txt [--top 25] [--match TEXT]
 
 Prints the functions holding the most samples on their own (self) and with what they call
 (inclusive), as percentages of all samples (py-spy counts only non-idle samples).
@@ -49,7 +49,7 @@ def summarise(lines: list[str]) -> tuple[int, Counter, Counter]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.bench.profile", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("profile", type=Path)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--match", help="only stacks containing this text")

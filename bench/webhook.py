@@ -1,6 +1,6 @@
 """Benchmark: the admission webhook's latency at a steady rate of pod creations, over TLS.
 
-    python -m e2e.bench.webhook --url https://127.0.0.1:PORT/mutate --ca-file ca.crt \\
+    python -m bench.webhook --url https://127.0.0.1:PORT/mutate --ca-file ca.crt \\
         [--rate 500] [--seconds 20] [--warmup 2] [--connections 16] [--json]
 
 The webhook is on the path of every pod creation in enabled namespaces, so its latency is the
@@ -59,7 +59,7 @@ import orjson
 
 from multicluster_scheduler.api import keys
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PERCENTILES: dict[str, float] = {"p50": 50, "p90": 90, "p99": 99, "p99.9": 99.9, "max": 100}
 REQUEST_TIMEOUT = 10.0  # the chart's webhook timeoutSeconds: the API server gives up then
 REPLICASET = "nginx-6d4cf56db6"
@@ -555,7 +555,7 @@ def run_in_subprocess(
 
     Raises RuntimeError, with the end of its stderr, when the process fails.
     """
-    command = [sys.executable, "-m", "e2e.bench.webhook", "--url", url, "--json"]
+    command = [sys.executable, "-m", "bench.webhook", "--url", url, "--json"]
     if ca_file is not None:
         command += ["--ca-file", str(ca_file)]
     command += ["--rate", str(rate), "--seconds", str(seconds), "--warmup", str(warmup)]

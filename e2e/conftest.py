@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import ClusterSpec, TestBed
-from e2e.kubectl import Kubectl
-from e2e.testbin import build
+from testbed import ClusterSpec, TestBed
+from testbed.kubectl import Kubectl
+from testbed.testbin import build
 
 _testbed: TestBed | None = None
 _module_testbed: TestBed | None = None
@@ -59,11 +59,11 @@ def real_node_testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """cluster1 (fake nodes in region us) and cluster2 (eu), each with one real node that holds
     the agent's image built here: (the test bed, the image's name). Everything it needs is built
     or installed first when missing (cached). ``bed.machine_before``: this machine's settings
-    before the real nodes started (:func:`e2e.host.machine_settings`)."""
+    before the real nodes started (:func:`testbed.host.machine_settings`)."""
     global _module_testbed
-    from e2e.host import machine_settings, real_node_blocker
-    from e2e.image import build_argoexec_image
-    from e2e.realnode import prepare
+    from testbed.host import machine_settings, real_node_blocker
+    from testbed.image import build_argoexec_image
+    from testbed.realnode import prepare
 
     blocker = real_node_blocker()
     if blocker:
@@ -113,7 +113,7 @@ def kubectl(testbed: TestBed) -> Kubectl:
 def installation(testbed: TestBed):
     """The chart helm-installed into every cluster, agents running under its identity; removed
     after the module (unless a test uninstalled it)."""
-    from e2e.cluster.install import Installation
+    from testbed.install import Installation
 
     install = Installation(testbed)
     install.install()

@@ -7,9 +7,8 @@ from __future__ import annotations
 import base64
 import json
 
-from e2e.cluster import TestBed, wait_for
-from e2e.kubectl import Kubectl
-from e2e.manifests import guide
+from testbed import TestBed, guide, wait_for
+from testbed.kubectl import Kubectl
 
 SOURCE, TARGET = "cluster1", "cluster2"
 

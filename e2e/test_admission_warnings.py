@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
 from multicluster_scheduler.api.keycheck import POD_ANNOTATIONS, key_mistake
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 SOURCE = "cluster1"
 ELECT = "multicluster.admiralty.io/elect"

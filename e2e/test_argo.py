@@ -3,7 +3,7 @@ steps are elected runs its steps in the clusters their node selectors ask for, f
 an output from one step to the next, and Argo's retry strategy moves a failed step to another
 cluster.
 
-Argo's own controller (v4, built from its Go module: e2e.cluster.argo) runs in cluster1. Its
+Argo's own controller (v4, built from its Go module: testbed.argo) runs in cluster1. Its
 executor runs in containers, which fake nodes lack: the test bed's stages end a pod's
 containers with the exit code its ``testbed.multicluster-scheduler.io/exit-code`` annotation
 asks for, which is all a step's container does here. Outputs that only the executor reports
@@ -18,8 +18,7 @@ import time
 
 import pytest
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET
 from e2e.test_scheduling import (  # noqa: F401 (guide and regions are fixtures)
     PREFIX,
     delegates,
@@ -27,7 +26,8 @@ from e2e.test_scheduling import (  # noqa: F401 (guide and regions are fixtures)
     proxies,
     regions,
 )
-from e2e.topology import SOURCE, TARGET
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
 EXIT_CODE = "testbed.multicluster-scheduler.io/exit-code"
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"

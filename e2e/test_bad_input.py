@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.topology import SOURCE, TARGET, connect, grant_source, kubeconfig_for, secret
+from e2e.scenarios import SOURCE, TARGET, connect, grant_source, kubeconfig_for, secret
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 GROUP = "multicluster.admiralty.io"
 API = f"{GROUP}/v1alpha1"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import TestBed
+from testbed import TestBed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def test_informer_benchmark_runs(testbed: TestBed, tmp_path: Path):
         [
             sys.executable,
             "-m",
-            "e2e.bench.informer",
+            "bench.informer",
             "--pods",
             "300",
             "--kubeconfig",
@@ -50,10 +50,10 @@ def test_informer_benchmark_runs(testbed: TestBed, tmp_path: Path):
 
 @pytest.mark.timeout(900)  # seven benchmarks, each on the same three clusters: about 6 minutes
 def test_the_benchmark_suite_runs_end_to_end_at_small_sizes(bin_dir: Path, tmp_path: Path):
-    """``python -m e2e.bench --quick``: every benchmark on its own three clusters, at smoke
+    """``python -m bench --quick``: every benchmark on its own three clusters, at smoke
     sizes; the figures in docs/performance.md come from full runs."""
     proc = subprocess.run(
-        [sys.executable, "-m", "e2e.bench", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

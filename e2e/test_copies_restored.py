@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET
 from e2e.test_scheduling import REGION, all_running, guide, regions  # noqa: F401
-from e2e.topology import SOURCE, TARGET
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 PREFIX = "multicluster.admiralty.io/"
 RESTORED_WITHIN = 5.0

@@ -23,13 +23,13 @@ from collections import Counter
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import CommandError, Kubectl
+from e2e.scenarios import SOURCE, TARGET, connect, disconnect
 from e2e.test_scheduling import condition, live, pods, proxies, running_and_ready
-from e2e.topology import SOURCE, TARGET, connect, disconnect
 from multicluster import Cluster
 from multicluster_scheduler.agent import cluster_identity
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import CommandError, Kubectl
 
 PREFIX = "multicluster.admiralty.io/"
 PARENT_UID = PREFIX + "parent-uid"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import base64
 import json
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET
 from e2e.test_scheduling import REGION, guide, job_condition, regions  # noqa: F401
-from e2e.topology import SOURCE, TARGET
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
 PREFIX = "multicluster.admiralty.io/"
 FINALIZER = PREFIX + "multiclusterForegroundDeletion"

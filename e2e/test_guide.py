@@ -25,11 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import wait_for
-from e2e.cluster.install import NAMESPACE as ADMIRALTY
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.manifests import guide
+from e2e.scenarios import SOURCE, TARGET
 from e2e.test_scheduling import (
     PREFIX,
     REAL_NODES,
@@ -44,7 +40,10 @@ from e2e.test_scheduling import (
     running_and_ready,
 )
 from e2e.test_services import endpoint_pods, service
-from e2e.topology import SOURCE, TARGET
+from testbed import guide, wait_for
+from testbed.install import NAMESPACE as ADMIRALTY
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 CLUSTER1, CLUSTER2 = SOURCE, TARGET
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import NAMESPACE as RELEASE_NAMESPACE
-from e2e.cluster.install import Installation
-from e2e.cluster.testbed import free_ports
-from e2e.kubectl import Kubectl
+from e2e.scenarios import disconnect, grant_source
 from e2e.test_scheduling import delegates, nginx, nothing_left, proxies, running_and_ready
-from e2e.topology import disconnect, grant_source
+from testbed import TestBed, wait_for
+from testbed.bed import free_ports
+from testbed.install import NAMESPACE as RELEASE_NAMESPACE
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 SOURCE, TARGET = "cluster1", "cluster2"
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,11 +23,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET
 from e2e.test_join import join
-from e2e.topology import SOURCE, TARGET
 from multicluster_scheduler.api.keepalive import (
     AWAY,
     LEGACY_HEARTBEAT_LABEL,
@@ -36,6 +33,9 @@ from multicluster_scheduler.api.keepalive import (
 )
 from multicluster_scheduler.api.proxy import delegate_name
 from multicluster_scheduler.targets.keeper import LOOK_EVERY
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 PREFIX = "multicluster.admiralty.io/"
 GROUP = "multicluster.admiralty.io/v1alpha1"

@@ -21,11 +21,11 @@ import time
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET, node_ready
 from e2e.test_faults import restart_api_server
 from e2e.test_scheduling import REGION, guide, proxies, regions, running_and_ready  # noqa: F401
-from e2e.topology import SOURCE, TARGET, node_ready
+from testbed import TestBed, wait_for
+from testbed.kubectl import Kubectl
 
 POD = "debug-me"
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET
 from e2e.test_scheduling import (  # noqa: F401 (guide is a fixture)
     REAL_NODES,
     all_running,
@@ -21,7 +20,8 @@ from e2e.test_scheduling import (  # noqa: F401 (guide is a fixture)
     nginx,
     proxies,
 )
-from e2e.topology import SOURCE, TARGET
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
 TAINT = "maintenance=now:NoSchedule"
 

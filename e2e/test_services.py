@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET, connect, disconnect
 from e2e.test_scheduling import all_running, delegates, nginx, nothing_left
-from e2e.topology import SOURCE, TARGET, connect, disconnect
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 PREFIX = "multicluster.admiralty.io/"
 FINALIZER = PREFIX + "multiclusterForegroundDeletion"

@@ -17,10 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.cluster.testbed import free_ports
-from e2e.kubectl import Kubectl
 from e2e.test_join import cli
 from e2e.test_scheduling import (
     condition,
@@ -30,6 +26,10 @@ from e2e.test_scheduling import (
     proxies,
     running_and_ready,
 )
+from testbed import TestBed, wait_for
+from testbed.bed import free_ports
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 SOURCE, TARGET = "cluster1", "cluster2"
 NAMESPACE = "web"  # a fixed name: its output is what docs/reference.md shows

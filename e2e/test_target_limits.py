@@ -20,11 +20,11 @@ import uuid
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET, disconnect, grant_source, kubeconfig_for, secret
 from e2e.test_install import render
-from e2e.topology import SOURCE, TARGET, disconnect, grant_source, kubeconfig_for, secret
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 GROUP = "multicluster.admiralty.io/v1alpha1"
 PREFIX = "multicluster.admiralty.io/"

@@ -24,10 +24,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import NAMESPACE as RELEASE_NAMESPACE
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET, connect, disconnect, node_ready
 from e2e.test_join import join
 from e2e.test_scheduling import (  # noqa: F401 (regions is a fixture)
     PREFIX,
@@ -41,7 +38,10 @@ from e2e.test_scheduling import (  # noqa: F401 (regions is a fixture)
     proxies,
     regions,
 )
-from e2e.topology import SOURCE, TARGET, connect, disconnect, node_ready
+from testbed import TestBed, wait_for
+from testbed.install import NAMESPACE as RELEASE_NAMESPACE
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 GROUP = "multicluster.admiralty.io/v1alpha1"
 ENABLED = "multicluster-scheduler=enabled"

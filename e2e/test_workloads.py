@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import re
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET
 from e2e.test_scheduling import PREFIX, guide, live, running_and_ready  # noqa: F401
-from e2e.topology import SOURCE, TARGET
 from e2e.workloads import (
     PodEvents,
     delegates_of,
@@ -25,6 +23,8 @@ from e2e.workloads import (
     timed,
     workloads_fixture,  # noqa: F401
 )
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 FIELD = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")

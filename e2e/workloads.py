@@ -15,9 +15,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET
 from e2e.test_scheduling import PREFIX, PROXY_SCHEDULER, pods, running_and_ready
-from e2e.topology import SOURCE, TARGET
+from testbed.kubectl import Kubectl
 
 EXIT_CODE = "testbed.multicluster-scheduler.io/exit-code"  # the test bed's kwok stages
 # Kinds the guide fixture does not delete (it deletes deployments, jobs, daemonsets and pods).

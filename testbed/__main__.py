@@ -1,15 +1,15 @@
-"""``python -m e2e.cluster up|down``: local clusters for development and demos.
+"""``python -m testbed up|down``: local clusters for development and demos.
 
 ``up`` starts a supervisor process in its own session and returns once every cluster is ready;
 the components are bound to that supervisor (they die with it). ``down`` stops the supervisor,
 which stops its components; any component still found is killed.
 
-``--real-nodes`` adds a real node (kubelet and containerd, :mod:`e2e.realnode`) to every
+``--real-nodes`` adds a real node (kubelet and containerd, :mod:`testbed.realnode`) to every
 cluster, holding the agent's image built here; with ``--install``, the chart is then installed
-as users install it, its agents in their pods on those nodes (:mod:`e2e.cluster.incluster`).
+as users install it, its agents in their pods on those nodes (:mod:`testbed.incluster`).
 
 ``--argo`` runs Argo Workflows' controller, with its CRDs, in the first cluster (the source of
-workflows whose steps are elected; :mod:`e2e.cluster.argo`).
+workflows whose steps are elected; :mod:`testbed.argo`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import threading
 import time
 from pathlib import Path
 
-from ..testbin import build
+from .bed import ClusterSpec, TestBed
 from .incluster import InClusterInstallation, install_command
 from .install import Installation
-from .testbed import ClusterSpec, TestBed
+from .testbin import build
 
 STATE_FILE = "testbed.json"
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?")
@@ -83,7 +83,9 @@ def _is_ours(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return False
-    return any(mark in cmdline for mark in (b"e2e.cluster", b"e2e.realnode", b"testbin", b"/bin-"))
+    return any(
+        mark in cmdline for mark in (b"-m testbed ", b"testbed.realnode", b"testbin", b"/bin-")
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -99,12 +101,12 @@ def serve(args: argparse.Namespace) -> int:
     _write_state(directory, supervisor=os.getpid(), phase="starting")
     real_nodes = agent_image = None
     if args.real_nodes:
-        from e2e.realnode import prepare
+        from testbed.realnode import prepare
 
         try:
             real_nodes, agent_image = prepare()  # built by `up` already: cached
             if args.argo:
-                from e2e.image import build_argoexec_image
+                from testbed.image import build_argoexec_image
 
                 real_nodes.images.append(build_argoexec_image().archive)
         except Exception as e:
@@ -115,7 +117,7 @@ def serve(args: argparse.Namespace) -> int:
         if args.argo:
             argo_bin = build(group="argo")  # built by `up` already: cached
         if args.argo and real_nodes is not None:
-            from e2e.image import build_argoexec_image
+            from testbed.image import build_argoexec_image
 
             executor = build_argoexec_image().name  # cached too
     except Exception as e:
@@ -199,18 +201,18 @@ def up(args: argparse.Namespace) -> int:
         if args.argo:
             build(group="argo")
         if args.real_nodes:
-            from e2e.realnode import prepare
+            from testbed.realnode import prepare
 
             image = prepare()[1].name
         if args.argo and args.real_nodes:
-            from e2e.image import build_argoexec_image
+            from testbed.image import build_argoexec_image
 
             build_argoexec_image()
     except Exception as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     (directory / STATE_FILE).unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "e2e.cluster", "serve", "--bin-dir", str(bin_dir)]
+    argv = [sys.executable, "-m", "testbed", "serve", "--bin-dir", str(bin_dir)]
     argv += ["--dir", str(directory), "--clusters", args.clusters, "--nodes", str(args.nodes)]
     argv += ["--node-cpu", args.node_cpu, "--node-memory", args.node_memory]
     argv += ["--node-pods", args.node_pods, "--timeout", str(args.timeout)]
@@ -230,7 +232,7 @@ def up(args: argparse.Namespace) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[1],
         )
     try:
         while True:
@@ -262,7 +264,7 @@ def up(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m testbed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("up", "serve"):
         p = sub.add_parser(name, help="start clusters and wait until ready" if name == "up" else "")

@@ -20,7 +20,7 @@ from .process import Process
 from .rest import ApiError
 
 if TYPE_CHECKING:
-    from .testbed import Cluster
+    from .bed import Cluster
 
 NAMESPACE = "argo"
 CONFIGMAP = "workflow-controller-configmap"

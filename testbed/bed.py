@@ -30,7 +30,7 @@ from .process import Process
 from .rest import ApiError, RestClient
 
 if TYPE_CHECKING:
-    from e2e.realnode.node import RealNode, RealNodes
+    from testbed.realnode.node import RealNode, RealNodes
 
 SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
@@ -69,10 +69,10 @@ class ClusterSpec:
     client_qps: int | None = None
     # GOMEMLIMIT per component, over MEMORY_LIMITS (benchmarks hold 10,000s of pods).
     memory_limits: dict[str, str] = field(default_factory=dict)
-    # One real node besides the fake ones: kubelet and containerd (e2e.realnode), for what must
+    # One real node besides the fake ones: kubelet and containerd (testbed.realnode), for what must
     # run in containers (the agent's image, as the chart deploys it).
     real_node: bool = False
-    # Argo Workflows' controller and CRDs (e2e.cluster.argo; the TestBed needs ``argo_bin``).
+    # Argo Workflows' controller and CRDs (testbed.argo; the TestBed needs ``argo_bin``).
     argo: bool = False
 
 
@@ -358,7 +358,7 @@ class Cluster:
         real_node_flags = []
         if self.real_node is not None:
             real_node_flags = [
-                # Pods are reached through the node's relay (e2e.realnode.relay), and the
+                # Pods are reached through the node's relay (testbed.realnode.relay), and the
                 # webhook behind the chart's Service at its pods' addresses: the API server
                 # runs on this machine, where there is no route to pods nor kube-proxy.
                 f"--egress-selector-config-file={self.real_node.egress_configuration()}",
@@ -474,7 +474,7 @@ class Cluster:
         start order."""
         if self.real_node is not None:
             # Its state is thrown away, and unshare(1) would ignore SIGTERM: killing its first
-            # process ends every process of the node at once (see e2e.realnode.init).
+            # process ends every process of the node at once (see testbed.realnode.init).
             self.processes["real-node"].kill()
             self.real_node.remove_cgroup()
         for name, process in self.processes.items():
@@ -658,7 +658,7 @@ class TestBed:
         missing = [c for c in ("etcd", *COMPONENTS[1:], "kubectl") if not (bin_dir / c).exists()]
         if missing:
             raise TestBedError(
-                f"{bin_dir} lacks {', '.join(missing)}: run `python -m e2e.testbin build`"
+                f"{bin_dir} lacks {', '.join(missing)}: run `python -m testbed.testbin build`"
             )
         self.dir = directory
         self.bin_dir = bin_dir
@@ -666,19 +666,19 @@ class TestBed:
         self.kubeconfig = directory / "kubeconfig"
         if any(s.real_node for s in specs):
             if real_nodes is None:
-                raise ValueError("clusters with a real node need real_nodes (e2e.realnode)")
+                raise ValueError("clusters with a real node need real_nodes (testbed.realnode)")
             self._add_real_nodes(real_nodes)
         if any(s.argo for s in specs):
             if argo_bin is None:
                 raise ValueError("clusters with Argo Workflows need argo_bin (build group argo)")
             for cluster in self.clusters.values():
                 cluster.argo_bin = argo_bin
-                # The image real nodes hold (e2e.image.build_argoexec_image); fake nodes run
+                # The image real nodes hold (testbed.image.build_argoexec_image); fake nodes run
                 # no container, and any name does.
                 cluster.argo_executor_image = argo_executor_image
 
     def _add_real_nodes(self, setup: RealNodes) -> None:
-        from e2e.realnode.node import HOST_ADDRESS, RealNode
+        from testbed.realnode.node import HOST_ADDRESS, RealNode
 
         ports = [c.apiserver_port for c in self.clusters.values()]
         for cluster in self.clusters.values():

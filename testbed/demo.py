@@ -1,4 +1,5 @@
-"""``python -m e2e.demo up|down``: the README's one-command demo (``./dev demo``, ``./dev down``).
+"""``python -m testbed.demo up|down``: the README's one-command demo (``./dev demo``,
+``./dev down``).
 
 ``up`` starts two local clusters (the test bed) with the chart installed and agents running,
 connects them as the user guide does with ``multicluster-scheduler join`` (cluster1 is a source
@@ -394,18 +395,18 @@ def _same_file(f, path: Path) -> bool:
 
 
 def lock_holder(directory: Path) -> int | None:
-    """The pid of an ``e2e.demo`` process holding the folder's lock."""
+    """The pid of a ``testbed.demo`` process holding the folder's lock."""
     try:
         pid = int((directory / LOCK).read_text().strip())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, ValueError):
         return None
-    return pid if pid != os.getpid() and b"e2e.demo" in cmdline else None
+    return pid if pid != os.getpid() and b"testbed.demo" in cmdline else None
 
 
 def _alive(pid: int | None) -> bool:
     try:
-        return b"e2e.cluster" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"-m\0testbed\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, TypeError):
         return False
 
@@ -471,7 +472,7 @@ class Clock:
 
 
 def start_clusters(directory: Path) -> None:
-    from .cluster.__main__ import main as cluster_main
+    from .__main__ import main as cluster_main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -558,7 +559,7 @@ def up_local(args: argparse.Namespace) -> int:
 
 def remove_local(directory: Path) -> bool:
     """Stop the demo's clusters and delete what up wrote; whether any was running."""
-    from .cluster.__main__ import down as cluster_down
+    from .__main__ import down as cluster_down
 
     was_running = _alive(_read(directory / "testbed.json").get("supervisor"))
     cluster_down(directory)
@@ -877,7 +878,7 @@ def hints(args: argparse.Namespace) -> tuple[str, str]:
     if args.prog == "./dev":
         env = f"MCS_DEMO_DIR={args.dir} " if Path(args.dir).resolve() != ROOT / ".testbed" else ""
         return f"{env}./dev down{contexts}", f"{env}./dev demo{contexts} --restart"
-    where = f"python -m e2e.demo {{}} --dir {args.dir}{contexts}"
+    where = f"python -m testbed.demo {{}} --dir {args.dir}{contexts}"
     return where.format("down"), where.format("up") + " --restart"
 
 
@@ -888,10 +889,10 @@ def _interrupt(*_) -> None:
 def main(argv: list[str] | None = None) -> int:
     # ./dev runs this as `./dev demo` and `./dev down`: usage lines say so.
     prog = argparse.ArgumentParser(add_help=False)
-    prog.add_argument("--prog", default="python -m e2e.demo")
+    prog.add_argument("--prog", default="python -m testbed.demo")
     called = prog.parse_known_args(argv)[0].prog
     parser = argparse.ArgumentParser(prog=called, description=__doc__)
-    parser.add_argument("--prog", default="python -m e2e.demo", help=argparse.SUPPRESS)
+    parser.add_argument("--prog", default="python -m testbed.demo", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("up", "down"):
         p = sub.add_parser(

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Where the copy of the repository is, in the fresh machine.
 CLONE = "/root/multicluster-scheduler"
-# What the product installs itself when missing (e2e/host.py), and what would make it take
+# What the product installs itself when missing (testbed/host.py), and what would make it take
 # another path (a Docker daemon, a runtime of another name).
 PURGED_PACKAGES = (
     "buildah",

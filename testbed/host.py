@@ -1,8 +1,8 @@
 """What this machine needs for real nodes and image builds, installed from Debian packages.
 
-Real nodes (:mod:`e2e.realnode`) run kubelet and containerd, which are built from their Go
+Real nodes (:mod:`testbed.realnode`) run kubelet and containerd, which are built from their Go
 modules, over runc and the CNI plugins, which come from the distribution; images are built
-with buildah, on a base made by debootstrap (:mod:`e2e.image`), and buildah runs the
+with buildah, on a base made by debootstrap (:mod:`testbed.image`), and buildah runs the
 Dockerfile's ``RUN`` steps with runc: Debian's buildah only recommends a runtime, and apt-get
 leaves recommendations out here, so runc is asked for by name. Whatever is missing is installed
 with apt-get, once, when it is first needed. Real nodes also need what no package gives: Linux,
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from e2e.progress import progress
+from testbed.progress import progress
 
 # Debian package -> a file it installs (present: nothing to do).
 PACKAGES = {
@@ -53,7 +53,7 @@ def real_node_blocker() -> str | None:
 
 def image_blocker() -> str | None:
     """Why the agent's image cannot be built here, or None when it can."""
-    from e2e.image.builder import docker_works
+    from testbed.image.builder import docker_works
 
     if docker_works() or not missing(IMAGE_PACKAGES):
         return None

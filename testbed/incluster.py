@@ -5,7 +5,7 @@ The chart's defaults stay as they are (two replicas with leader election, the we
 the chart's Service with the CA the agent makes, the kubelet API on the pod, probes, uid 65532
 on a read-only root filesystem), except what any user sets: the image, and where the agent may
 run (a node selector and a toleration for the real node, which keeps workloads off with a
-taint). Compare :mod:`e2e.cluster.install`, where the agents run as local processes.
+taint). Compare :mod:`testbed.install`, where the agents run as local processes.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import yaml
 
+from .bed import TestBed, wait_for
 from .install import CHART, NAMESPACE, RELEASE, ChartTools
-from .testbed import TestBed, wait_for
 
 SELECTOR = f"app.kubernetes.io/name={RELEASE}"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # Where the agents run on the test bed: its real nodes (the file says why).
-REAL_NODE_VALUES = ROOT / "e2e" / "realnode" / "chart-values.yaml"
+REAL_NODE_VALUES = ROOT / "testbed" / "realnode" / "chart-values.yaml"
 
 
 def chart_values(image: str) -> dict:

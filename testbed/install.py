@@ -17,12 +17,12 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from e2e.netproxy import TcpBalancer
+from testbed.netproxy import TcpBalancer
 
+from .bed import TestBed, free_ports, kubeconfig, wait_for
 from .process import Process
-from .testbed import TestBed, free_ports, kubeconfig, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "multicluster-scheduler"
 RELEASE = "multicluster-scheduler"
 NAMESPACE = "admiralty"

@@ -1,4 +1,4 @@
-"""``python -m e2e.image [build|pause] [--push REPOSITORY[:TAG]]``: build the agent's image
+"""``python -m testbed.image [build|pause] [--push REPOSITORY[:TAG]]``: build the agent's image
 (``./dev image``) or the real nodes' pause image, print its name and archive, push it if asked."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from e2e.host import SetupError
+from testbed.host import SetupError
 
 from .builder import ImageError, build_agent_image, build_pause_image, push
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.image", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m testbed.image", description=__doc__)
     parser.add_argument("what", nargs="?", choices=("build", "pause"), default="build")
     parser.add_argument(
         "--push",

@@ -4,7 +4,7 @@
 With a Docker daemon that answers, ``docker build`` builds the Dockerfile as it is (its base,
 ``python:3.12-slim``, comes from Docker Hub). Without one, and with no registry to pull a base
 from, buildah builds it from Debian packages: the base is made on this machine (debootstrap of
-Debian with its Python, the ``[image-base]`` pin of ``e2e/testbin/pins.toml``), brought up to
+Debian with its Python, the ``[image-base]`` pin of ``testbed/testbin/pins.toml``), brought up to
 date from Debian's security archive, stored under a local name, and given to the Dockerfile as
 its ``BASE_IMAGE`` argument; ``buildah bud`` then builds the Dockerfile with no pull. Either way
 the image is also saved as an archive (docker-archive format) that containerd imports and that
@@ -32,11 +32,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.progress import progress
-from e2e.testbin.builder import PINS_FILE, go_env, go_version
+from testbed.progress import progress
+from testbed.testbin.builder import PINS_FILE, go_env, go_version
 
 ROOT = Path(__file__).resolve().parents[2]
-PAUSE_SOURCE = ROOT / "e2e" / "realnode" / "pause" / "pause.go"
+PAUSE_SOURCE = ROOT / "testbed" / "realnode" / "pause" / "pause.go"
 # What goes into the agent's image (the Dockerfile's COPY lines and what they read).
 IMAGE_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md")
 IMAGE_SOURCES = ("multicluster", "multicluster_scheduler")
@@ -241,7 +241,7 @@ def builder(log=None):
     cache.mkdir(parents=True, exist_ok=True)
     if docker_works():
         return Docker()
-    from e2e.host import IMAGE_PACKAGES, ensure_packages
+    from testbed.host import IMAGE_PACKAGES, ensure_packages
 
     ensure_packages(IMAGE_PACKAGES, log)
     return Buildah(cache)
@@ -408,7 +408,7 @@ def build_argoexec_image(log=None) -> Image:
     (the ``argo`` group of pins.toml), where Argo's own image has it (``/bin/argoexec``, the
     entrypoint), with an empty ``/tmp``. Its ``init`` container copies it into every workflow
     pod, whose main container then runs under it."""
-    from e2e.testbin.builder import build as build_tools
+    from testbed.testbin.builder import build as build_tools
 
     binary = (build_tools(log, group="argo") / "argoexec").resolve()
 

@@ -1,14 +1,14 @@
 """Real nodes for the test bed: kubelet and containerd in namespaces of their own, holding the
-agent's image built here (see :mod:`e2e.realnode.node`)."""
+agent's image built here (see :mod:`testbed.realnode.node`)."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-from e2e.host import IMAGE_PACKAGES, REAL_NODE_PACKAGES, ensure_packages, real_node_blocker
-from e2e.image import Image, build_agent_image, build_pause_image
-from e2e.testbin import build
+from testbed.host import IMAGE_PACKAGES, REAL_NODE_PACKAGES, ensure_packages, real_node_blocker
+from testbed.image import Image, build_agent_image, build_pause_image
+from testbed.testbin import build
 
 from .node import HOST_ADDRESS, REAL_NODE_KEY, RealNode, RealNodes
 

@@ -1,4 +1,4 @@
-"""``python -m e2e.realnode prepare``: build or install everything real nodes need (cached) and
+"""``python -m testbed.realnode prepare``: build or install everything real nodes need (cached) and
 say how long each part took: Debian packages, kubelet and containerd, the pause image, the
 agent's image."""
 
@@ -11,7 +11,7 @@ from . import prepare
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.realnode", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m testbed.realnode", description=__doc__)
     parser.add_argument("command", choices=("prepare",))
     parser.parse_args(argv)
     try:

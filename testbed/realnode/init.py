@@ -1,6 +1,6 @@
 """The first process of a real node: PID 1 of its own PID, mount and network namespaces.
 
-Started by :mod:`e2e.realnode.node` under ``unshare --pid --fork --mount --net --propagation
+Started by :mod:`testbed.realnode.node` under ``unshare --pid --fork --mount --net --propagation
 private --kill-child=SIGKILL``: everything the node runs (containerd, its shims, kubelet, the
 pods' containers) is in this PID namespace, so it all ends when this process ends, by the
 kernel's hand, whatever the test run did. Before starting them it makes the node's world
@@ -13,10 +13,10 @@ private:
   plugins' state, containerd's sockets), seen by these processes only;
 - its network: loopback, the bridge its pods join (the node's address is the bridge's), the
   ``kubernetes`` Service's address, the machine's address as pods see it, and the relays of
-  :mod:`e2e.realnode.relay`.
+  :mod:`testbed.realnode.relay`.
 
 Then it starts containerd, and kubelet once containerd answers; if either exits, the node ends.
-Configuration comes as one JSON file written by :class:`e2e.realnode.node.RealNode`.
+Configuration comes as one JSON file written by :class:`testbed.realnode.node.RealNode`.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
         level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(message)s"
     )
     if os.getpid() != 1:
-        print("e2e.realnode.init runs as PID 1 of a namespace (see e2e.realnode.node)")
+        print("testbed.realnode.init runs as PID 1 of a namespace (see testbed.realnode.node)")
         return 2
     config = json.loads(Path(argv[0]).read_text())
     # The machine's network namespace, from the process that started us (before /proc is the

@@ -5,7 +5,7 @@ webhook behind its Service and the kubelet API served from a pod need a node tha
 cluster is enough: workloads keep going to the fake nodes (the real node carries a NoSchedule
 taint), the agent goes to the real one (a toleration and a node selector, chart values).
 
-The node never changes the machine's own settings: :mod:`e2e.realnode.init` runs it in PID,
+The node never changes the machine's own settings: :mod:`testbed.realnode.init` runs it in PID,
 mount and network namespaces of its own (see there), so what is left on the machine is the
 node's folder and, while it runs, a cgroup of its own in each hierarchy (kubelet's
 ``cgroupRoot``, removed when it stops; one left by a killed run is removed by the next).
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from e2e.cluster.process import Process
 from multicluster.pki import CertificateAuthority
+from testbed.process import Process
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_SUBNET = ipaddress.ip_network("10.88.0.0/24")
@@ -79,7 +79,7 @@ class RealNodes:
         if missing:
             raise FileNotFoundError(
                 f"{self.bin_dir} lacks {', '.join(missing)}: "
-                "run `python -m e2e.testbin build --group real-node`"
+                "run `python -m testbed.testbin build --group real-node`"
             )
 
 
@@ -289,7 +289,7 @@ class RealNode:
                 "--net",
                 sys.executable,
                 "-m",
-                "e2e.realnode.init",
+                "testbed.realnode.init",
                 str(config_path),
             ],
             self.logs / "real-node.log",

@@ -1,4 +1,5 @@
-"""``python -m e2e.testbin build|bin-dir``: build the pinned test-bed binaries or locate them."""
+"""``python -m testbed.testbin build|bin-dir``: build the pinned test-bed binaries, or locate
+them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .builder import BuildError, bin_dir, build
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.testbin", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m testbed.testbin", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("build", "build every pinned tool (cached) and print the binaries' folder"),

@@ -25,7 +25,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2e.progress import progress
+from testbed.progress import progress
 
 PINS_FILE = Path(__file__).with_name("pins.toml")
 KWOK_STAGES_DIR = "kwok-stages"
@@ -68,7 +68,7 @@ class Tool:
 
 def load_pins(path: Path = PINS_FILE, group: str = "") -> list[Tool]:
     """The pinned Go tools of ``group`` ("" for the test bed's own); tables without a module
-    pin something else (the image's base, read by :mod:`e2e.image`)."""
+    pin something else (the image's base, read by :mod:`testbed.image`)."""
     with path.open("rb") as f:
         pins = tomllib.load(f)
     tools = [Tool(name=name, **spec) for name, spec in pins.items() if "module" in spec]

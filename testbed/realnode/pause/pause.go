@@ -1,5 +1,5 @@
 // The sandbox ("pause") container of the test bed's real nodes: it holds a pod's namespaces
-// and waits. No image can be pulled here, so this one is built from source (see e2e/image).
+// and waits. No image can be pulled here, so this one is built from source (see testbed/image).
 package main
 
 import (
