@@ -21,16 +21,15 @@ from pathlib import Path
 
 from multicluster import AlreadyExists, Cluster, Informer, NotFound
 from multicluster.resources import NAMESPACES, PODS
+from multicluster_scheduler.api.keys import ELECT, PARENT_UID, PROXY_SCHEDULER_NAME
 from testbed import ClusterSpec, TestBed
+from testbed.guide import nginx_object, running_and_ready
 from testbed.install import Installation
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ("cluster1", "cluster2", "cluster3")
 SOURCE = CLUSTERS[0]
 CLIENT_QPS = 1000
-ELECT = "multicluster.admiralty.io/elect"
-PARENT_UID = "multicluster.admiralty.io/parent-uid"
-PROXY_SCHEDULER = "admiralty-proxy"
 
 
 def specs(nodes: int = 5, pods_per_node: int = 2000) -> list[ClusterSpec]:
@@ -92,7 +91,8 @@ def versions(bin_dir: Path) -> dict:
 
 
 def pod(name: str | None = None, *, elect: bool, app: str = "bench", **spec_extra) -> dict:
-    """A small nginx pod, as in the guide (10m CPU so thousands fit)."""
+    """A small nginx pod, as in the guide (10m CPU so thousands fit); its Deployment is
+    :func:`deployment`."""
     metadata: dict = {"labels": {"app": app}}
     if name:
         metadata["name"] = name
@@ -119,29 +119,8 @@ def pod(name: str | None = None, *, elect: bool, app: str = "bench", **spec_extr
 
 
 def deployment(name: str, replicas: int, *, elect: bool) -> dict:
-    template = pod(elect=elect, app=name)
-    metadata = template["metadata"]
-    metadata.pop("generateName")
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": metadata, "spec": template["spec"]},
-        },
-    }
-
-
-def running_and_ready(obj: dict) -> bool:
-    status = obj.get("status") or {}
-    if status.get("phase") != "Running":
-        return False
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or ()
-    )
+    """The guide's nginx Deployment, with 10m CPU per replica so that thousands fit."""
+    return nginx_object(replicas, name, elect, cpu="10m")
 
 
 def slim(obj: dict) -> dict:
@@ -199,7 +178,7 @@ class PodTimes:
             self._changed.set()
             return
         self.created.setdefault(uid, now)
-        if obj["spec"].get("schedulerName") == PROXY_SCHEDULER:
+        if obj["spec"].get("schedulerName") == PROXY_SCHEDULER_NAME:
             self.proxies.add(uid)
         if obj["spec"].get("nodeName"):
             self.bound.setdefault(uid, now)

@@ -8,6 +8,15 @@ tail of each one is attached to its report.
 ``real_node_testbed`` is another test bed, for one module at a time: cluster1 and cluster2 with a
 real node each (kubelet, containerd, the agent's image and Argo's executor built here; Argo's
 controller in cluster1), skipped with the reason where real nodes cannot run.
+
+Run in parallel (``pytest -n N --dist loadgroup``, as ``./dev test`` does), every worker starts
+its own test bed when its first e2e test asks for one, and runs the tests of a module together
+(its module-scoped fixtures set up once): each e2e test is in the ``xdist_group`` of its module
+unless it names one. Tests that need this machine to themselves in some way share a group, and
+so a worker, one after the other: the real-node tests (:data:`REAL_NODE_MODULES`: their nodes
+use fixed host paths). Tests marked ``alone`` (a ratio of two timings, which other load skews)
+run after the others, in a phase of their own: ``--phase parallel`` leaves them out, ``--phase
+alone`` runs only them; without ``--phase``, everything runs.
 """
 
 from __future__ import annotations
@@ -19,20 +28,60 @@ from pathlib import Path
 
 import pytest
 
-from testbed import ClusterSpec, TestBed
+from e2e import scenarios
+from e2e.scenarios import MORE_KINDS, REAL_NODES, REGION, SOURCE, TARGET
+from testbed import ClusterSpec, TestBed, wait_for
+from testbed.install import Installation
 from testbed.kubectl import Kubectl
 from testbed.testbin import build
 
 _testbed: TestBed | None = None
 _module_testbed: TestBed | None = None
-REGION = "topology.kubernetes.io/region"
 
 
+HERE = Path(__file__).parent
+# Modules whose tests run real nodes, or build images on this machine: one at a time.
+REAL_NODE_MODULES = ("test_in_cluster.py", "test_image.py", "test_fresh_machine.py")
+PHASES = ("parallel", "alone")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--phase",
+        choices=PHASES,
+        help="parallel: every test but those marked alone; alone: only those (default: all)",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "alone: runs in a phase of its own, with no other test running (timings)"
+    )
+
+
+def group_of(item) -> str:
+    """The xdist group of an e2e test: its module's, unless it needs the machine's real-node
+    paths (then one group for all of those)."""
+    path = Path(item.fspath)
+    if path.name in REAL_NODE_MODULES:
+        return "real-nodes"
+    return str(path.relative_to(HERE))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
     for item in items:
-        if here in Path(item.fspath).parents:
+        if HERE in Path(item.fspath).parents:
             item.add_marker(pytest.mark.e2e)
+            if item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(group_of(item)))
+    phase = config.getoption("--phase")
+    if phase is None:
+        return
+    alone = [i for i in items if i.get_closest_marker("alone")]
+    kept = [i for i in items if (i in alone) == (phase == "alone")]
+    config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+    items[:] = kept
 
 
 @pytest.fixture(scope="session")
@@ -113,8 +162,6 @@ def kubectl(testbed: TestBed) -> Kubectl:
 def installation(testbed: TestBed):
     """The chart helm-installed into every cluster, agents running under its identity; removed
     after the module (unless a test uninstalled it)."""
-    from testbed.install import Installation
-
     install = Installation(testbed)
     install.install()
     install.start_agents()
@@ -151,6 +198,45 @@ async def connect(testbed: TestBed):
     yield make
     for cluster in made:
         await cluster.stop()
+
+
+@pytest.fixture
+def guide(installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str):
+    """Targets c1 (self) and c2 Ready in ``namespace``, which is enabled for elected pods."""
+    nodes = scenarios.connect(kubectl, testbed, namespace)
+    kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler=enabled")
+    yield namespace, nodes
+    for kind in ("deployments", "jobs", "daemonsets", "pods"):
+        kubectl(SOURCE, "delete", kind, "--all", "-n", namespace, "--wait=false")
+    try:
+        wait_for(
+            lambda: scenarios.nothing_left(kubectl, namespace),
+            60,
+            what="proxies and delegates gone",
+        )
+    finally:
+        scenarios.disconnect(kubectl, namespace)
+
+
+@pytest.fixture
+def regions(kubectl: Kubectl):
+    """The guide's region labels: cluster1's nodes in us, cluster2's in eu."""
+    kubectl(SOURCE, "label", "nodes", "-l", REAL_NODES, f"{REGION}=us", "--overwrite")
+    kubectl(TARGET, "label", "nodes", "-l", REAL_NODES, f"{REGION}=eu", "--overwrite")
+    yield
+    for context in (SOURCE, TARGET):
+        kubectl(context, "label", "nodes", "-l", REAL_NODES, f"{REGION}-")
+
+
+@pytest.fixture
+def workloads(guide, kubectl: Kubectl):
+    """The guide's topology (``guide``); the workloads of MORE_KINDS are deleted afterwards in
+    both clusters (the guide fixture then waits until no proxy pod and no delegate is left)."""
+    yield guide
+    namespace, _ = guide
+    for context in (SOURCE, TARGET):
+        for kind in MORE_KINDS:
+            kubectl(context, "delete", kind, "--all", "-n", namespace, "--wait=false")
 
 
 @pytest.hookimpl(hookwrapper=True)

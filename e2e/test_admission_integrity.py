@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET, connect, disconnect
-from e2e.test_scheduling import PREFIX, REAL_NODES, condition, proxies
+from e2e.scenarios import REAL_NODES, SOURCE, TARGET, condition, connect, disconnect, proxies
+from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, wait_for
 from testbed.install import NAMESPACE as RELEASE_NAMESPACE
 from testbed.install import RELEASE, Installation

@@ -10,12 +10,12 @@ import json
 import pytest
 
 from multicluster_scheduler.api.keycheck import POD_ANNOTATIONS, key_mistake
+from multicluster_scheduler.api.keys import ELECT
 from testbed import TestBed, wait_for
 from testbed.install import Installation
 from testbed.kubectl import Kubectl
 
 SOURCE = "cluster1"
-ELECT = "multicluster.admiralty.io/elect"
 POLICY = (
     "Warning: Validation failed for ValidatingAdmissionPolicy 'multicluster-scheduler-warnings' "
     "with binding 'multicluster-scheduler-warnings': "

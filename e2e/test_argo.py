@@ -18,14 +18,8 @@ import time
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET
-from e2e.test_scheduling import (  # noqa: F401 (guide and regions are fixtures)
-    PREFIX,
-    delegates,
-    guide,
-    proxies,
-    regions,
-)
+from e2e.scenarios import SOURCE, TARGET, delegates, proxies
+from multicluster_scheduler.api.keys import PREFIX
 from testbed import wait_for
 from testbed.kubectl import Kubectl
 
@@ -131,7 +125,7 @@ spec:
 
 
 @pytest.fixture
-def argo(guide, kubectl: Kubectl):  # noqa: F811
+def argo(guide, kubectl: Kubectl):
     """The guide's namespace with targets c1 and c2; its workflows deleted afterwards (their
     pods go with them, by Argo's owner references)."""
     yield guide
@@ -191,7 +185,7 @@ def delegate_command(kubectl: Kubectl, context: str, namespace: str, proxy_name:
 
 def test_a_dag_runs_its_steps_where_their_selectors_say_fans_out_and_retries_elsewhere(
     argo,
-    regions,  # noqa: F811
+    regions,
     kubectl: Kubectl,
 ):
     namespace, nodes = argo

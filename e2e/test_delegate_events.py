@@ -14,7 +14,6 @@ import urllib.request
 
 from e2e.scenarios import SOURCE, TARGET
 from e2e.test_kubelet_api import POD, delegates_of, placed  # noqa: F401
-from e2e.test_scheduling import guide, regions  # noqa: F401
 from testbed import wait_for
 from testbed.install import Installation
 from testbed.kubectl import Kubectl

@@ -11,13 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET
-from e2e.test_scheduling import (
-    condition,
-    guide,  # noqa: F401
-)
-from e2e.workloads import (
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
     PodEvents,
+    condition,
     delegates_of,
     finished,
     get,
@@ -26,7 +24,6 @@ from e2e.workloads import (
     ready,
     replicated,
     timed,
-    workloads_fixture,  # noqa: F401
 )
 from testbed import wait_for
 from testbed.kubectl import Kubectl

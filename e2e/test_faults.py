@@ -23,15 +23,24 @@ from collections import Counter
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET, connect, disconnect
-from e2e.test_scheduling import condition, live, pods, proxies, running_and_ready
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
+    condition,
+    connect,
+    disconnect,
+    live,
+    pods,
+    proxies,
+    running_and_ready,
+)
 from multicluster import Cluster
 from multicluster_scheduler.agent import cluster_identity
+from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, wait_for
 from testbed.install import Installation
 from testbed.kubectl import CommandError, Kubectl
 
-PREFIX = "multicluster.admiralty.io/"
 PARENT_UID = PREFIX + "parent-uid"
 WEBHOOK = "proxy-pods.multicluster.admiralty.io"
 REPLICAS = int(os.environ.get("MCS_FAULT_REPLICAS", "200"))

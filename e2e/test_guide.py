@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET
-from e2e.test_scheduling import (
-    PREFIX,
+from e2e.scenarios import (
     REAL_NODES,
     REGION,
+    SOURCE,
+    TARGET,
     all_running,
     comparable_spec,
     delegates,
@@ -40,6 +40,7 @@ from e2e.test_scheduling import (
     running_and_ready,
 )
 from e2e.test_services import endpoint_pods, service
+from multicluster_scheduler.api.keys import PREFIX
 from testbed import guide, wait_for
 from testbed.install import NAMESPACE as ADMIRALTY
 from testbed.install import Installation

@@ -24,8 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET, connect, disconnect, kubeconfig_for
-from e2e.test_scheduling import all_running, nginx, nothing_left
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
+    all_running,
+    connect,
+    disconnect,
+    kubeconfig_for,
+    nginx,
+    nothing_left,
+)
 from e2e.test_target_limits import as_tenant, grant_tenant, ready, tenant_target, virtual_nodes
 from e2e.test_tenant_isolation import cluster_name
 from testbed import TestBed, wait_for

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.host import image_blocker
-from testbed.image import Image, build_agent_image
+from testbed.image import Image, build_agent_image, image_blocker
 from testbed.image.builder import builder
 
 # On a fresh machine the first build makes the image's base too (./dev test does it before

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET
-from e2e.test_scheduling import (
-    PREFIX,
+from e2e.scenarios import (
     REGION,
+    SOURCE,
+    TARGET,
     all_running,
     delegates,
     nginx,
@@ -45,6 +45,7 @@ from e2e.test_scheduling import (
     proxies,
     running_and_ready,
 )
+from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, wait_for
 from testbed.host import machine_settings
 from testbed.incluster import InClusterInstallation

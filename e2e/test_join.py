@@ -15,8 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.scenarios import disconnect, grant_source
-from e2e.test_scheduling import delegates, nginx, nothing_left, proxies, running_and_ready
+from e2e.scenarios import (
+    delegates,
+    disconnect,
+    grant_source,
+    nginx,
+    nothing_left,
+    proxies,
+    running_and_ready,
+)
 from testbed import TestBed, wait_for
 from testbed.bed import free_ports
 from testbed.install import NAMESPACE as RELEASE_NAMESPACE

@@ -31,13 +31,13 @@ from multicluster_scheduler.api.keepalive import (
     RECREATED,
     heartbeat_name,
 )
+from multicluster_scheduler.api.keys import PREFIX
 from multicluster_scheduler.api.proxy import delegate_name
 from multicluster_scheduler.targets.keeper import LOOK_EVERY
 from testbed import TestBed, wait_for
 from testbed.install import Installation
 from testbed.kubectl import Kubectl
 
-PREFIX = "multicluster.admiralty.io/"
 GROUP = "multicluster.admiralty.io/v1alpha1"
 ENABLED = "multicluster-scheduler=enabled"
 UNDONE_WITHIN = AWAY + 3 * LOOK_EVERY + 15  # a deletion the keeper would undo is undone by then

@@ -21,9 +21,8 @@ import time
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET, node_ready
+from e2e.scenarios import REGION, SOURCE, TARGET, node_ready, proxies, running_and_ready
 from e2e.test_faults import restart_api_server
-from e2e.test_scheduling import REGION, guide, proxies, regions, running_and_ready  # noqa: F401
 from testbed import TestBed, wait_for
 from testbed.kubectl import Kubectl
 
@@ -50,7 +49,7 @@ spec:
 
 
 @pytest.fixture
-def placed(guide, regions, kubectl: Kubectl):  # noqa: F811
+def placed(guide, regions, kubectl: Kubectl):
     """The elected pod, running, its delegate in cluster2; (namespace, proxy, target node)."""
     namespace, nodes = guide
     kubectl.apply(SOURCE, elected_pod(), "-n", namespace)

@@ -15,7 +15,6 @@ from e2e.test_kubelet_api import (  # noqa: F401  (tests and fixtures run here t
     test_kubectl_exec_runs_there_with_output_and_exit_code,
     test_kubectl_logs_returns_the_delegates_output,
 )
-from e2e.test_scheduling import guide, regions  # noqa: F401
 from testbed import TestBed
 from testbed.kubectl import Kubectl
 

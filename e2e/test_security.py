@@ -26,23 +26,21 @@ import yaml
 from e2e.scenarios import (
     SOURCE,
     TARGET,
+    all_running,
+    condition,
     connect,
     disconnect,
     grant_source,
     kubeconfig_for,
+    live,
+    nginx,
     node_ready,
+    nothing_left,
+    proxies,
     secret,
 )
 from e2e.test_join import cli
-from e2e.test_scheduling import (
-    PREFIX,
-    all_running,
-    condition,
-    live,
-    nginx,
-    nothing_left,
-    proxies,
-)
+from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, guide, wait_for
 from testbed.install import NAMESPACE as RELEASE_NAMESPACE
 from testbed.install import RELEASE, Installation

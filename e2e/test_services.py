@@ -13,13 +13,21 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET, connect, disconnect
-from e2e.test_scheduling import all_running, delegates, nginx, nothing_left
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
+    all_running,
+    connect,
+    delegates,
+    disconnect,
+    nginx,
+    nothing_left,
+)
+from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, wait_for
 from testbed.install import Installation
 from testbed.kubectl import Kubectl
 
-PREFIX = "multicluster.admiralty.io/"
 FINALIZER = PREFIX + "multiclusterForegroundDeletion"
 FOREIGN = "metallb.universe.tf/ip-allocated-from-pool"
 

@@ -22,12 +22,12 @@ import pytest
 
 from e2e.scenarios import SOURCE, TARGET, disconnect, grant_source, kubeconfig_for, secret
 from e2e.test_install import render
+from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, wait_for
 from testbed.install import Installation
 from testbed.kubectl import Kubectl
 
 GROUP = "multicluster.admiralty.io/v1alpha1"
-PREFIX = "multicluster.admiralty.io/"
 DEFAULT_LIMIT = 10  # the chart's targets.maxPerNamespace, and the agent's default
 TENANT = "tenant"
 

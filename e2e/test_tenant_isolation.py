@@ -24,20 +24,23 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET, connect, disconnect, node_ready
-from e2e.test_join import join
-from e2e.test_scheduling import (  # noqa: F401 (regions is a fixture)
-    PREFIX,
+from e2e.scenarios import (
     REGION,
+    SOURCE,
+    TARGET,
     all_running,
     condition,
+    connect,
+    disconnect,
     live,
     nginx,
+    node_ready,
     nothing_left,
     pods,
     proxies,
-    regions,
 )
+from e2e.test_join import join
+from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, wait_for
 from testbed.install import NAMESPACE as RELEASE_NAMESPACE
 from testbed.install import Installation
@@ -601,7 +604,7 @@ def test_a_finalizer_put_on_a_service_copy_in_the_target_keeps_nothing_of_the_so
 def test_a_saved_manifest_written_by_hand_brings_no_secret_the_pod_does_not_use(
     installation: Installation,
     testbed: TestBed,
-    regions,  # noqa: F811
+    regions,
     kubectl: Kubectl,
     namespace: str,
 ):

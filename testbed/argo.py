@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
 from .process import Process
-from .rest import ApiError
-
-if TYPE_CHECKING:
-    from .bed import Cluster
+from .rest import ApiError, RestClient
 
 NAMESPACE = "argo"
 CONFIGMAP = "workflow-controller-configmap"
@@ -37,26 +33,28 @@ CONFIGURATION = {
 EXECUTOR_IMAGE = "quay.io/argoproj/argoexec:{version}"  # unless the bed has one of its own
 
 
-def process(cluster: Cluster, argo_bin: Path, executor_image: str) -> Process:
-    """The controller, watching every namespace, as Argo's cluster install runs it."""
+def process(cluster: str, directory: Path, argo_bin: Path, executor_image: str) -> Process:
+    """The controller of ``cluster`` (whose files are in ``directory``), watching every
+    namespace, as Argo's cluster install runs it."""
     return Process(
-        f"{cluster.name}/{PROCESS}",
+        f"{cluster}/{PROCESS}",
         [
             str(argo_bin / "workflow-controller"),
-            f"--kubeconfig={cluster.dir / f'{PROCESS}.kubeconfig'}",
+            f"--kubeconfig={directory / f'{PROCESS}.kubeconfig'}",
             f"--namespace={NAMESPACE}",
             f"--configmap={CONFIGMAP}",
             f"--executor-image={executor_image}",
             "--loglevel=info",
         ],
-        cluster.dir / "logs" / f"{PROCESS}.log",
+        directory / "logs" / f"{PROCESS}.log",
         # One controller per cluster: no leader election (and no Lease to wait for).
         env={"GOMEMLIMIT": MEMORY_LIMIT, "LEADER_ELECTION_DISABLE": "true"},
     )
 
 
-def install(cluster: Cluster, argo_bin: Path, timeout: float = 60.0) -> None:
-    """Its CRDs (established), its namespace and its configuration; idempotent."""
+def install(rest: RestClient, cluster: str, argo_bin: Path, timeout: float = 60.0) -> None:
+    """Its CRDs (established), its namespace and its configuration, through ``rest`` (the
+    cluster's admin); idempotent."""
     crds = sorted((argo_bin / CRDS_DIR).glob("*.yaml"))
     if not crds:
         raise FileNotFoundError(f"{argo_bin / CRDS_DIR} holds no CRD: build the argo group")
@@ -64,14 +62,14 @@ def install(cluster: Cluster, argo_bin: Path, timeout: float = 60.0) -> None:
     for path in crds:
         crd = yaml.safe_load(path.read_text())
         names.append(crd["metadata"]["name"])
-        _create(cluster, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        _create(rest, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     _create(
-        cluster,
+        rest,
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
     )
     _create(
-        cluster,
+        rest,
         f"/api/v1/namespaces/{NAMESPACE}/configmaps",
         {
             "apiVersion": "v1",
@@ -82,21 +80,21 @@ def install(cluster: Cluster, argo_bin: Path, timeout: float = 60.0) -> None:
     )
     deadline = time.monotonic() + timeout
     for name in names:
-        while not _established(cluster, name):
+        while not _established(rest, name):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{cluster.name}: CRD {name} not established in {timeout:.0f}s")
+                raise TimeoutError(f"{cluster}: CRD {name} not established in {timeout:.0f}s")
             time.sleep(0.2)
 
 
-def _create(cluster: Cluster, path: str, body: dict) -> None:
+def _create(rest: RestClient, path: str, body: dict) -> None:
     try:
-        cluster.rest.create(path, body)
+        rest.create(path, body)
     except ApiError as e:
         if e.status != 409:
             raise
 
 
-def _established(cluster: Cluster, name: str) -> bool:
-    crd = cluster.rest.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+def _established(rest: RestClient, name: str) -> bool:
+    crd = rest.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
     conditions = (crd.get("status") or {}).get("conditions") or ()
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)

@@ -453,12 +453,12 @@ class Cluster:
             image = self.argo_executor_image or argo.EXECUTOR_IMAGE.format(
                 version=versions["argo-workflows"]
             )
-            self.processes[argo.PROCESS] = argo.process(self, self.argo_bin, image)
+            self.processes[argo.PROCESS] = argo.process(self.name, self.dir, self.argo_bin, image)
 
     def start_argo(self) -> None:
         """Argo's CRDs and configuration, then its controller (once the control plane runs)."""
         assert self.argo_bin is not None
-        argo.install(self, self.argo_bin)
+        argo.install(self.rest, self.name, self.argo_bin)
         self.start(argo.PROCESS)
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from multicluster_scheduler.api.keys import (
-    ELECT,
     GROUP,
     PARENT_UID,
     PROVIDER_KEY,
     PROXY_SCHEDULER_NAME,
 )
 from multicluster_scheduler.api.naming import virtual_node_name
+
+from .guide import nginx, running_and_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "multicluster-scheduler"
@@ -79,35 +80,6 @@ LOCAL_FILES = (
 
 class DemoError(RuntimeError):
     pass
-
-
-def nginx(namespace: str, replicas: int = REPLICAS) -> dict:
-    """The user guide's Deployment."""
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "nginx", "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": "nginx"}},
-            "template": {
-                "metadata": {
-                    "labels": {"app": "nginx"},
-                    "annotations": {ELECT: ""},
-                },
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "nginx",
-                            "image": "nginx",
-                            "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}},
-                            "ports": [{"containerPort": 80}],
-                        }
-                    ]
-                },
-            },
-        },
-    }
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -236,8 +208,7 @@ class Placement:
 
 
 def running(pod: dict) -> bool:
-    deleting = pod["metadata"].get("deletionTimestamp")
-    return not deleting and (pod.get("status") or {}).get("phase") == "Running"
+    return not pod["metadata"].get("deletionTimestamp") and running_and_ready(pod)
 
 
 def placements(tools: Tools, contexts: tuple[str, str], namespace: str) -> list[Placement]:
@@ -534,7 +505,9 @@ def up_local(args: argparse.Namespace) -> int:
                 tools,
             )
             run(
-                tools.kubectl(source, "apply", "-f", "-"), tools, json.dumps(nginx(LOCAL_NAMESPACE))
+                tools.kubectl(source, "apply", "-n", LOCAL_NAMESPACE, "-f", "-"),
+                tools,
+                nginx(REPLICAS),
             )
             found = wait_running(tools, LOCAL_CLUSTERS, LOCAL_NAMESPACE, args.timeout)
             clock.step(
@@ -794,7 +767,11 @@ def up_remote(args: argparse.Namespace) -> int:
             run(tools.kubectl(contexts[0], "label", "namespace", namespace, ENABLED), tools)
             run_all(joins(tools, contexts, namespace, args.server), tools)
             clock.step(f"joined: {contexts[0]} -> c1 (itself), {contexts[0]} -> c2 ({contexts[1]})")
-            run(tools.kubectl(contexts[0], "apply", "-f", "-"), tools, json.dumps(nginx(namespace)))
+            run(
+                tools.kubectl(contexts[0], "apply", "-n", namespace, "-f", "-"),
+                tools,
+                nginx(REPLICAS),
+            )
             found = wait_running(tools, contexts, namespace, args.timeout)
             clock.step(f"nginx applied, {REPLICAS} delegates Running")
         except KeyboardInterrupt:

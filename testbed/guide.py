@@ -1,6 +1,64 @@
-"""The user guide's Source, ClusterSource, Target and ClusterTarget manifests, verbatim."""
+"""The user guide's manifests, verbatim: its nginx Deployment, Source, ClusterSource, Target and
+ClusterTarget; and how to tell that a pod runs. The tests, the benchmarks and the demo use these,
+so that what they run is what the guide shows."""
 
 from __future__ import annotations
+
+import yaml
+
+from multicluster_scheduler.api.keys import ELECT
+
+
+def nginx(replicas: int = 10, name: str = "nginx", elect: bool = True, cpu: str = "100m") -> str:
+    """The guide's Deployment (its exact manifest with the defaults); ``cpu`` smaller to fit
+    thousands of replicas, ``elect=False`` for the same Deployment scheduled natively."""
+    annotations = f'\n      annotations:\n        {ELECT}: ""' if elect else ""
+    return f"""apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {name}
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels:
+      app: {name}
+  template:
+    metadata:
+      labels:
+        app: {name}{annotations}
+    spec:
+      containers:
+      - name: nginx
+        image: nginx
+        resources:
+          requests:
+            cpu: {cpu}
+            memory: 32Mi
+        ports:
+        - containerPort: 80
+"""
+
+
+def nginx_object(
+    replicas: int = 10, name: str = "nginx", elect: bool = True, cpu: str = "100m"
+) -> dict:
+    """:func:`nginx` as an object, for API clients."""
+    return yaml.safe_load(nginx(replicas, name, elect, cpu))
+
+
+def condition(pod: dict, kind: str) -> dict:
+    """The pod's condition of type ``kind`` ({} when it has none)."""
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == kind:
+            return c
+    return {}
+
+
+def running_and_ready(pod: dict) -> bool:
+    """Running, and Ready: what a Deployment counts as available."""
+    return (pod.get("status") or {}).get("phase") == "Running" and condition(pod, "Ready").get(
+        "status"
+    ) == "True"
 
 
 def source(namespace: str) -> str:

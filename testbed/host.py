@@ -51,20 +51,6 @@ def real_node_blocker() -> str | None:
     return None
 
 
-def image_blocker() -> str | None:
-    """Why the agent's image cannot be built here, or None when it can."""
-    from testbed.image.builder import docker_works
-
-    if docker_works() or not missing(IMAGE_PACKAGES):
-        return None
-    if sys.platform != "linux" or os.geteuid() != 0 or not shutil.which("apt-get"):
-        return (
-            "building the image needs a Docker daemon, or buildah, runc and debootstrap (Debian "
-            "packages, installed here only as root on Debian or Ubuntu)"
-        )
-    return None
-
-
 def missing(packages: tuple[str, ...]) -> list[str]:
     return [name for name in packages if not Path(PACKAGES[name]).exists()]
 

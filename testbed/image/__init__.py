@@ -7,6 +7,7 @@ from .builder import (
     build_agent_image,
     build_argoexec_image,
     build_pause_image,
+    image_blocker,
     push,
 )
 
@@ -16,5 +17,6 @@ __all__ = [
     "build_agent_image",
     "build_argoexec_image",
     "build_pause_image",
+    "image_blocker",
     "push",
 ]

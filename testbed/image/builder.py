@@ -32,6 +32,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.host import IMAGE_PACKAGES, ensure_packages, missing
 from testbed.progress import progress
 from testbed.testbin.builder import PINS_FILE, go_env, go_version
 
@@ -127,6 +128,18 @@ def docker_works() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0
+
+
+def image_blocker() -> str | None:
+    """Why the agent's image cannot be built here, or None when it can."""
+    if docker_works() or not missing(IMAGE_PACKAGES):
+        return None
+    if sys.platform != "linux" or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return (
+            "building the image needs a Docker daemon, or buildah, runc and debootstrap (Debian "
+            "packages, installed here only as root on Debian or Ubuntu)"
+        )
+    return None
 
 
 class Docker:
@@ -241,8 +254,6 @@ def builder(log=None):
     cache.mkdir(parents=True, exist_ok=True)
     if docker_works():
         return Docker()
-    from testbed.host import IMAGE_PACKAGES, ensure_packages
-
     ensure_packages(IMAGE_PACKAGES, log)
     return Buildah(cache)
 
