@@ -22,17 +22,21 @@ from urllib.parse import urlencode
 
 from multicluster_scheduler.api.keys import PREFIX, PROXY_SCHEDULER_NAME
 from testbed import TestBed, guide, wait_for
-from testbed.guide import condition, nginx, running_and_ready
+from testbed.guide import REGION, condition, nginx, running_and_ready
 from testbed.kubectl import Kubectl
 
 SOURCE, TARGET = "cluster1", "cluster2"
-REGION = "topology.kubernetes.io/region"
 REAL_NODES = "virtual-kubelet.io/provider!=admiralty"  # every node but virtual ones
 EXIT_CODE = "testbed.multicluster-scheduler.io/exit-code"  # the test bed's kwok stages
 # Kinds the guide fixture does not delete (it deletes deployments, jobs, daemonsets and pods).
 MORE_KINDS = ("cronjobs", "statefulsets", "replicasets", "poddisruptionbudgets")
 
-__all__ = ["condition", "nginx", "running_and_ready"]  # the guide's, lent to the tests too
+__all__ = [
+    "REGION",
+    "condition",
+    "nginx",
+    "running_and_ready",
+]  # the guide's, lent to the tests too
 
 
 def grant_source(kubectl: Kubectl, namespace: str) -> None:

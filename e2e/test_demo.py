@@ -273,6 +273,7 @@ def test_cleanup_removes_only_what_was_made():
         "clustersources.multicluster.admiralty.io",
         "clustersummaries.multicluster.admiralty.io",
         "clustertargets.multicluster.admiralty.io",
+        "sourceheartbeats.multicluster.admiralty.io",
         "sources.multicluster.admiralty.io",
         "targets.multicluster.admiralty.io",
     )
@@ -328,7 +329,7 @@ def test_up_and_down_on_real_clusters_touch_only_what_up_made(monkeypatch, tmp_p
         "--name c1 --target-name c1",
         "multicluster-scheduler join --source-context prod --target-context burst -n mcsdemo "
         "--name c1 --target-name c2",
-        "kubectl --context prod apply -f -",
+        "kubectl --context prod apply -n mcsdemo -f -",
     ]
     state = json.loads((tmp_path / demo.REMOTE_STATE).read_text())
     assert state["phase"] == "ready"

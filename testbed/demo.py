@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import io
 import json
 import os
 import shlex
@@ -41,7 +40,9 @@ from multicluster_scheduler.api.keys import (
 )
 from multicluster_scheduler.api.naming import virtual_node_name
 
-from .guide import nginx, running_and_ready
+from . import supervisor
+from .bed import ClusterSpec
+from .guide import REGION, nginx, running_and_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "multicluster-scheduler"
@@ -70,9 +71,10 @@ LOCK = "demo.lock"
 LOCAL_FILES = (
     *LOCAL_CLUSTERS,
     "kubeconfig",
-    "supervisor.log",
-    "testbed.json",
-    "testbed.json.tmp",
+    supervisor.LOG_FILE,
+    supervisor.REQUEST_FILE,
+    supervisor.STATE_FILE,
+    supervisor.STATE_FILE + ".tmp",
     "helm",
     DEMO_STATE,
 )
@@ -375,13 +377,6 @@ def lock_holder(directory: Path) -> int | None:
     return pid if pid != os.getpid() and b"testbed.demo" in cmdline else None
 
 
-def _alive(pid: int | None) -> bool:
-    try:
-        return b"-m\0testbed\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, TypeError):
-        return False
-
-
 def _read(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -398,9 +393,7 @@ def _write(path: Path, state: dict) -> None:
 
 def local_running(directory: Path) -> bool:
     """The demo's clusters are up (a live supervisor) and the demo finished starting."""
-    bed = _read(directory / "testbed.json")
-    demo = _read(directory / DEMO_STATE)
-    return bed.get("phase") == "ready" and _alive(bed.get("supervisor")) and bool(demo)
+    return supervisor.running(directory) and bool(_read(directory / DEMO_STATE))
 
 
 def binaries() -> Path:
@@ -443,30 +436,16 @@ class Clock:
 
 
 def start_clusters(directory: Path) -> None:
-    from .__main__ import main as cluster_main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cluster_main(
-            [
-                "up",
-                "--dir",
-                str(directory),
-                "--clusters",
-                ",".join(LOCAL_CLUSTERS),
-                "--install",
-                # The guide's regions, for its "Advanced Scheduling" (docs/demo.md).
-                "--node-label",
-                f"{LOCAL_CLUSTERS[0]}:topology.kubernetes.io/region=us",
-                "--node-label",
-                f"{LOCAL_CLUSTERS[1]}:topology.kubernetes.io/region=eu",
-            ]
-        )
-    if code == 130:
-        raise KeyboardInterrupt
-    if code != 0:
-        detail = err.getvalue().strip().removeprefix("error: ")
-        raise DemoError(f"the clusters did not start: {detail}")
+    """The guide's two clusters, with the regions of its "Advanced Scheduling" (docs/demo.md),
+    the chart installed and agents running."""
+    specs = [
+        ClusterSpec(LOCAL_CLUSTERS[0], node_labels={REGION: "us"}),
+        ClusterSpec(LOCAL_CLUSTERS[1], node_labels={REGION: "eu"}),
+    ]
+    try:
+        supervisor.start(directory, supervisor.Request(specs, install=True))
+    except supervisor.SupervisorError as e:
+        raise DemoError(f"the clusters did not start: {e}") from e
 
 
 def up_local(args: argparse.Namespace) -> int:
@@ -532,10 +511,8 @@ def up_local(args: argparse.Namespace) -> int:
 
 def remove_local(directory: Path) -> bool:
     """Stop the demo's clusters and delete what up wrote; whether any was running."""
-    from .__main__ import down as cluster_down
-
-    was_running = _alive(_read(directory / "testbed.json").get("supervisor"))
-    cluster_down(directory)
+    was_running = supervisor.alive(directory)
+    supervisor.stop(directory)
     for name in LOCAL_FILES:
         path = directory / name
         if path.is_dir() and not path.is_symlink():
@@ -820,7 +797,7 @@ def down_remote(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with locked(directory, wait=90):
         remove_remote(tools, state_path)
-        if not (directory / "testbed.json").exists():  # no local demo uses it
+        if not (directory / supervisor.STATE_FILE).exists():  # no local demo uses it
             shutil.rmtree(directory / "helm", ignore_errors=True)
     took = time.monotonic() - started
     print(f"Removed what the demo made in {', '.join(contexts)} in {took:.0f} s.")
@@ -838,7 +815,7 @@ def dry_run(args: argparse.Namespace) -> int:
     up += [tools.kubectl(c, "create", "namespace", ns) for c in contexts]
     up += [tools.kubectl(contexts[0], "label", "namespace", ns, ENABLED)]
     up += joins(tools, contexts, ns, args.server)
-    up += [tools.kubectl(contexts[0], "apply", "-f", "nginx.yaml")]
+    up += [tools.kubectl(contexts[0], "apply", "-n", ns, "-f", "nginx.yaml")]
     print("# up (the chart only where missing):")
     print("\n".join(display(a) for a in up))
     print("# down (only what up made):")

@@ -8,6 +8,9 @@ import yaml
 
 from multicluster_scheduler.api.keys import ELECT
 
+# The node label of the guide's "Advanced Scheduling": cluster1's nodes in us, cluster2's in eu.
+REGION = "topology.kubernetes.io/region"
+
 
 def nginx(replicas: int = 10, name: str = "nginx", elect: bool = True, cpu: str = "100m") -> str:
     """The guide's Deployment (its exact manifest with the defaults); ``cpu`` smaller to fit
