@@ -333,28 +333,43 @@ class Cluster:
         )
 
     def _define_processes(self) -> None:
+        self._process("etcd", self._etcd_argv())
+        self._process("kube-apiserver", self._apiserver_argv())
+        self._process("kube-controller-manager", self._controller_manager_argv())
+        self._process("kube-scheduler", self._scheduler_argv())
+        self._process("kwok", self._kwok_argv())
         pki = self.dir / "pki"
-        qps = self.spec.client_qps
-        manager_qps = [f"--kube-api-qps={qps or 200}", f"--kube-api-burst={2 * (qps or 200)}"]
-        scheduler_qps = [f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}"] if qps else []
+        if self.real_node is not None:
+            assert self.ca is not None
+            self.processes["real-node"] = self.real_node.prepare(self.ca, pki / "ca.crt")
+        if self.spec.argo:
+            assert self.argo_bin is not None
+            versions = json.loads((self.argo_bin / "versions.json").read_text())
+            image = self.argo_executor_image or argo.EXECUTOR_IMAGE.format(
+                version=versions["argo-workflows"]
+            )
+            self.processes[argo.PROCESS] = argo.process(self.name, self.dir, self.argo_bin, image)
+
+    def _etcd_argv(self) -> list[str]:
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         peer_url = f"http://127.0.0.1:{self.etcd_peer_port}"
-        self._process(
+        return [
             "etcd",
-            [
-                "etcd",
-                f"--name={self.name}",
-                f"--data-dir={self.dir / 'etcd'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster={self.name}={peer_url}",
-                # Test data only: skipping fsync makes writes fast on a shared disk.
-                "--unsafe-no-fsync",
-                "--log-level=warn",
-            ],
-        )
+            f"--name={self.name}",
+            f"--data-dir={self.dir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster={self.name}={peer_url}",
+            # Test data only: skipping fsync makes writes fast on a shared disk.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]
+
+    def _apiserver_argv(self) -> list[str]:
+        pki = self.dir / "pki"
+        etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         real_node_flags = []
         if self.real_node is not None:
             real_node_flags = [
@@ -366,94 +381,82 @@ class Cluster:
                 # Nodes by address: their names resolve nowhere.
                 "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP",
             ]
-        self._process(
+        return [
             "kube-apiserver",
-            [
-                "kube-apiserver",
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.apiserver_port}",
-                f"--cert-dir={pki}",
-                f"--tls-cert-file={pki / 'apiserver.crt'}",
-                f"--tls-private-key-file={pki / 'apiserver.key'}",
-                f"--client-ca-file={pki / 'ca.crt'}",
-                "--authorization-mode=Node,RBAC",
-                "--allow-privileged=true",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki / 'sa.crt'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-                "--max-requests-inflight=1000",
-                "--max-mutating-requests-inflight=500",
-                # The `kubernetes` Service cannot point at a loopback address.
-                "--endpoint-reconciler-type=none",
-                "--profiling=false",
-                *real_node_flags,
-            ],
-        )
-        self._process(
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.crt'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            "--max-requests-inflight=1000",
+            "--max-mutating-requests-inflight=500",
+            # The `kubernetes` Service cannot point at a loopback address.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+            *real_node_flags,
+        ]
+
+    def _controller_manager_argv(self) -> list[str]:
+        pki = self.dir / "pki"
+        qps = self.spec.client_qps or 200
+        return [
             "kube-controller-manager",
-            [
-                "kube-controller-manager",
-                f"--kubeconfig={self.dir / 'kube-controller-manager.kubeconfig'}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={self.controller_manager_port}",
-                "--leader-elect=false",
-                f"--service-account-private-key-file={pki / 'sa.key'}",
-                f"--root-ca-file={pki / 'ca.crt'}",
-                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
-                f"--cluster-signing-key-file={pki / 'ca.key'}",
-                "--use-service-account-credentials=true",
-                *manager_qps,
-                "--profiling=false",
-            ],
-        )
-        self._process(
+            f"--kubeconfig={self.dir / 'kube-controller-manager.kubeconfig'}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.controller_manager_port}",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=true",
+            f"--kube-api-qps={qps}",
+            f"--kube-api-burst={2 * qps}",
+            "--profiling=false",
+        ]
+
+    def _scheduler_argv(self) -> list[str]:
+        qps = self.spec.client_qps
+        return [
             "kube-scheduler",
-            [
-                "kube-scheduler",
-                f"--kubeconfig={self.dir / 'kube-scheduler.kubeconfig'}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={self.scheduler_port}",
-                "--leader-elect=false",
-                *scheduler_qps,
-                "--profiling=false",
-            ],
-        )
+            f"--kubeconfig={self.dir / 'kube-scheduler.kubeconfig'}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={self.scheduler_port}",
+            "--leader-elect=false",
+            *([f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}"] if qps else []),
+            "--profiling=false",
+        ]
+
+    def _kwok_argv(self) -> list[str]:
         stages = self.bin / "kwok-stages"  # kwok's own
-        self._process(
+        return [
             "kwok",
-            [
-                "kwok",
-                f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
-                "--node-lease-duration-seconds=40",
-                f"--cidr={POD_CIDR}",
-                "--node-ip=127.0.0.1",
-                # The port fake nodes advertise: API servers call kwok there for pods' logs,
-                # exec and attach.
-                f"--node-port={self.kwok_port}",
-                f"--server-address=127.0.0.1:{self.kwok_port}",
-                "-v=WARN",
-                *(f"--config={p}" for p in sorted(stages.glob("*.yaml"))),
-                *(f"--config={p}" for p in sorted(TESTBED_STAGES.glob("*.yaml"))),
-                f"--config={self.dir / 'kwok-debugging.yaml'}",
-            ],
-        )
-        if self.real_node is not None:
-            assert self.ca is not None
-            self.processes["real-node"] = self.real_node.prepare(self.ca, pki / "ca.crt")
-        if self.spec.argo:
-            assert self.argo_bin is not None
-            versions = json.loads((self.argo_bin / "versions.json").read_text())
-            image = self.argo_executor_image or argo.EXECUTOR_IMAGE.format(
-                version=versions["argo-workflows"]
-            )
-            self.processes[argo.PROCESS] = argo.process(self.name, self.dir, self.argo_bin, image)
+            f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+            "--node-lease-duration-seconds=40",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=127.0.0.1",
+            # The port fake nodes advertise: API servers call kwok there for pods' logs,
+            # exec and attach.
+            f"--node-port={self.kwok_port}",
+            f"--server-address=127.0.0.1:{self.kwok_port}",
+            "-v=WARN",
+            *(f"--config={p}" for p in sorted(stages.glob("*.yaml"))),
+            *(f"--config={p}" for p in sorted(TESTBED_STAGES.glob("*.yaml"))),
+            f"--config={self.dir / 'kwok-debugging.yaml'}",
+        ]
 
     def start_argo(self) -> None:
         """Argo's CRDs and configuration, then its controller (once the control plane runs)."""

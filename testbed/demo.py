@@ -695,22 +695,8 @@ def up_remote(args: argparse.Namespace) -> int:
             flush=True,
         )
         clock = Clock()
-        found_before = {c: survey(tools, c, namespace) for c in contexts}
-        for context, found in found_before.items():
-            if found["namespace"]:
-                raise DemoError(
-                    f"namespace {namespace} already exists in {context}: the demo makes its own "
-                    f"namespace so that down removes all it made; choose another with --namespace"
-                )
-        missing = [c for c, f in found_before.items() if not f["release"]]
-        if args.image:
-            parse_image(args.image)
-        if missing and not args.image:
-            raise DemoError(
-                f"multicluster-scheduler is not installed in {', '.join(missing)} and its image "
-                f"is not published yet: build it from the Dockerfile, push it where "
-                f"{' and '.join(missing)} can pull it, and pass --image REPOSITORY:TAG"
-            )
+        before = {c: survey(tools, c, namespace) for c in contexts}
+        check_remote(before, namespace, args.image)
         state = {
             "contexts": list(contexts),
             "kubeconfig": str(tools.kubeconfig) if tools.kubeconfig else None,
@@ -719,38 +705,7 @@ def up_remote(args: argparse.Namespace) -> int:
             "phase": "starting",
         }
         try:
-            for context in contexts:
-                found = found_before[context]
-                if found["release"]:
-                    print(f"  {context}: using the installed {found['release'][0]}")
-                    continue
-                # Recorded before it is made, so that down cleans up an interrupted install (the
-                # folder's lock keeps another demo from installing it meanwhile).
-                state["made"][context] += ["release"]
-                state["made"][context] += [] if found["crds"] else ["crds"]
-                state["made"][context] += (
-                    [] if found["release-namespace"] else ["release-namespace"]
-                )
-            _write(state_path, state)
-            installs = [helm_install(tools, c, args.image) for c in missing]
-            if installs:
-                run_all(installs, tools, timeout=360)
-                clock.step(f"chart installed in {', '.join(missing)} (image {args.image})")
-            for context in contexts:
-                run(tools.kubectl(context, "create", "namespace", namespace), tools)
-                # Recorded once made: a namespace someone else created meanwhile is not ours.
-                state["made"][context].insert(0, "namespace")
-                _write(state_path, state)
-            run(tools.kubectl(contexts[0], "label", "namespace", namespace, ENABLED), tools)
-            run_all(joins(tools, contexts, namespace, args.server), tools)
-            clock.step(f"joined: {contexts[0]} -> c1 (itself), {contexts[0]} -> c2 ({contexts[1]})")
-            run(
-                tools.kubectl(contexts[0], "apply", "-n", namespace, "-f", "-"),
-                tools,
-                nginx(REPLICAS),
-            )
-            found = wait_running(tools, contexts, namespace, args.timeout)
-            clock.step(f"nginx applied, {REPLICAS} delegates Running")
+            found = make_remote(tools, args, before, state, state_path, clock)
         except KeyboardInterrupt:
             print(f"interrupted; `{stop}` removes what was made", file=sys.stderr)
             return 130
@@ -763,6 +718,67 @@ def up_remote(args: argparse.Namespace) -> int:
         print(f"Ready in {clock.total:.0f} s.")
         report(found, tools, contexts, namespace, stop, again)
         return 0
+
+
+def check_remote(before: dict[str, dict], namespace: str, image: str | None) -> None:
+    """Refuse, before anything is made, a namespace that exists, and a missing chart with no
+    image to install it from."""
+    for context, found in before.items():
+        if found["namespace"]:
+            raise DemoError(
+                f"namespace {namespace} already exists in {context}: the demo makes its own "
+                f"namespace so that down removes all it made; choose another with --namespace"
+            )
+    missing = [c for c, f in before.items() if not f["release"]]
+    if image:
+        parse_image(image)
+    if missing and not image:
+        raise DemoError(
+            f"multicluster-scheduler is not installed in {', '.join(missing)} and its image "
+            f"is not published yet: build it from the Dockerfile, push it where "
+            f"{' and '.join(missing)} can pull it, and pass --image REPOSITORY:TAG"
+        )
+
+
+def make_remote(
+    tools: Tools,
+    args: argparse.Namespace,
+    before: dict[str, dict],
+    state: dict,
+    state_path: Path,
+    clock: Clock,
+) -> list[Placement]:
+    """The chart where missing, the namespace, the joins and nginx, each recorded in
+    ``state`` as it is made; where nginx's delegates run."""
+    contexts, namespace = tuple(before), state["namespace"]
+    missing = [c for c, f in before.items() if not f["release"]]
+    for context, found in before.items():
+        if found["release"]:
+            print(f"  {context}: using the installed {found['release'][0]}")
+            continue
+        # Recorded before it is made, so that down cleans up an interrupted install (the
+        # folder's lock keeps another demo from installing it meanwhile).
+        state["made"][context] += ["release"]
+        state["made"][context] += [] if found["crds"] else ["crds"]
+        state["made"][context] += [] if found["release-namespace"] else ["release-namespace"]
+    _write(state_path, state)
+    installs = [helm_install(tools, c, args.image) for c in missing]
+    if installs:
+        run_all(installs, tools, timeout=360)
+        clock.step(f"chart installed in {', '.join(missing)} (image {args.image})")
+    for context in contexts:
+        run(tools.kubectl(context, "create", "namespace", namespace), tools)
+        # Recorded once made: a namespace someone else created meanwhile is not ours.
+        state["made"][context].insert(0, "namespace")
+        _write(state_path, state)
+    source, target = contexts
+    run(tools.kubectl(source, "label", "namespace", namespace, ENABLED), tools)
+    run_all(joins(tools, (source, target), namespace, args.server), tools)
+    clock.step(f"joined: {source} -> c1 (itself), {source} -> c2 ({target})")
+    run(tools.kubectl(source, "apply", "-n", namespace, "-f", "-"), tools, nginx(REPLICAS))
+    found = wait_running(tools, (source, target), namespace, args.timeout)
+    clock.step(f"nginx applied, {REPLICAS} delegates Running")
+    return found
 
 
 def remove_remote(tools: Tools, state_path: Path) -> None:

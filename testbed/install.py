@@ -19,7 +19,7 @@ from pathlib import Path
 
 from testbed.netproxy import TcpBalancer
 
-from .bed import TestBed, free_ports, kubeconfig, wait_for
+from .bed import Cluster, TestBed, free_ports, kubeconfig, wait_for
 from .process import Process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,64 +114,73 @@ class Installation(ChartTools):
                 "--wait",
                 *[arg for value in values for arg in ("--set", value)],
             )
-            token = self.kubectl(
-                name, "create", "token", RELEASE, "-n", NAMESPACE, "--duration=48h"
-            ).strip()
-            config = kubeconfig(
-                [
-                    {
-                        "name": name,
-                        "server": cluster.server,
-                        "ca": cluster.ca.cert_pem,
-                        "cert": b"",
-                        "key": b"",
-                    }
-                ]
-            )
-            config["users"] = [{"name": name, "user": {"token": token}}]
-            path = cluster.dir / "agent.kubeconfig"
-            path.write_text(json.dumps(config))
-            path.chmod(0o600)
-            agent_webhook_ports = (
-                [ports[0]] if self.agents_per_cluster == 1 else free_ports(self.agents_per_cluster)
-            )
-            self.kubelet_ports[name] = free_ports(self.agents_per_cluster)
-            if self.agents_per_cluster > 1:
-                self.balancers[name] = TcpBalancer(ports[0], agent_webhook_ports)
-                self.balancers[name].start()
-            self.agents[name] = [
-                Process(
-                    f"{name}/agent-{i}",
-                    [
-                        sys.executable,
-                        "-m",
-                        "multicluster_scheduler.cli",
-                        "agent",
-                        f"--kubeconfig={path}",
-                        f"--namespace={NAMESPACE}",
-                        f"--name={RELEASE}",
-                        f"--identity={name}-agent-{i}",
-                        "--webhook-host=127.0.0.1",
-                        f"--webhook-port={agent_webhook_ports[i]}",
-                        "--webhook-cert-host=127.0.0.1",
-                        "--health-host=127.0.0.1",
-                        f"--health-port={ports[1 + i]}",
-                        "--kubelet-host=127.0.0.1",
-                        f"--kubelet-port={self.kubelet_ports[name][i]}",
-                        *self.agent_args,
-                    ],
-                    cluster.dir / "logs" / f"agent-{i}.log",
-                    env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-                )
-                for i in range(self.agents_per_cluster)
-            ]
-            for i, agent in enumerate(self.agents[name]):
-                cluster.processes[f"agent-{i}"] = agent
-                # Log files are shared with earlier installations of the session: remember
-                # where this one's output starts.
-                exists = agent.log_path.exists()
-                self._log_offsets[agent] = agent.log_path.stat().st_size if exists else 0
+            self._define_agents(name, cluster, self._agent_kubeconfig(name, cluster))
         self.installed = True
+
+    def _agent_kubeconfig(self, name: str, cluster: Cluster) -> Path:
+        """A kubeconfig with a token of the chart's ServiceAccount: the agents' identity."""
+        token = self.kubectl(
+            name, "create", "token", RELEASE, "-n", NAMESPACE, "--duration=48h"
+        ).strip()
+        assert cluster.ca is not None
+        config = kubeconfig(
+            [
+                {
+                    "name": name,
+                    "server": cluster.server,
+                    "ca": cluster.ca.cert_pem,
+                    "cert": b"",
+                    "key": b"",
+                }
+            ]
+        )
+        config["users"] = [{"name": name, "user": {"token": token}}]
+        path = cluster.dir / "agent.kubeconfig"
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return path
+
+    def _define_agents(self, name: str, cluster: Cluster, kubeconfig_path: Path) -> None:
+        """The agents of cluster ``name`` (behind a balancer when there are several), and where
+        each one's log of this installation starts."""
+        count = self.agents_per_cluster
+        webhook_ports = [self.webhook_ports[name]] if count == 1 else free_ports(count)
+        self.kubelet_ports[name] = free_ports(count)
+        if count > 1:
+            self.balancers[name] = TcpBalancer(self.webhook_ports[name], webhook_ports)
+            self.balancers[name].start()
+        self.agents[name] = [
+            Process(
+                f"{name}/agent-{i}",
+                [
+                    sys.executable,
+                    "-m",
+                    "multicluster_scheduler.cli",
+                    "agent",
+                    f"--kubeconfig={kubeconfig_path}",
+                    f"--namespace={NAMESPACE}",
+                    f"--name={RELEASE}",
+                    f"--identity={name}-agent-{i}",
+                    "--webhook-host=127.0.0.1",
+                    f"--webhook-port={webhook_ports[i]}",
+                    "--webhook-cert-host=127.0.0.1",
+                    "--health-host=127.0.0.1",
+                    f"--health-port={self.health_ports[name][i]}",
+                    "--kubelet-host=127.0.0.1",
+                    f"--kubelet-port={self.kubelet_ports[name][i]}",
+                    *self.agent_args,
+                ],
+                cluster.dir / "logs" / f"agent-{i}.log",
+                env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+            )
+            for i in range(count)
+        ]
+        for i, agent in enumerate(self.agents[name]):
+            cluster.processes[f"agent-{i}"] = agent
+            # Log files are shared with earlier installations of the session: remember where
+            # this one's output starts.
+            exists = agent.log_path.exists()
+            self._log_offsets[agent] = agent.log_path.stat().st_size if exists else 0
 
     def start_agents(self, timeout: float = 60.0) -> None:
         """Start the agents (restarted whenever they die) and wait until they are ready."""

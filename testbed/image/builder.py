@@ -308,41 +308,7 @@ def build_base(build: Buildah, log) -> str:
     work = Path(tempfile.mkdtemp(prefix="base-", dir=cache))
     try:
         rootfs = work / "rootfs"
-        archive, security = apt_sources()
-        log(f"making the image's base: debootstrap {suite} from {archive}")
-        _run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                f"--include={','.join(packages)}",
-                suite,
-                str(rootfs),
-                archive,
-            ],
-            build_log,
-            "debootstrap",
-        )
-        (rootfs / "etc/apt/sources.list").write_text(
-            f"deb {archive} {suite} main\n"
-            f"deb {archive} {suite}-updates main\n"
-            f"deb {security} {suite}-security main\n"
-        )
-        # apt in the new system needs /proc: mounted in a mount namespace of its own, gone
-        # with it.
-        upgrade = (
-            f"mount -t proc proc {rootfs}/proc && "
-            f"chroot {rootfs} apt-get update -q && "
-            f"DEBIAN_FRONTEND=noninteractive chroot {rootfs} apt-get upgrade -y -q && "
-            f"chroot {rootfs} apt-get clean"
-        )
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", upgrade]
-        _run(argv, build_log, "security updates of the base")
-        for path in BASE_TRIM:
-            shutil.rmtree(rootfs / path, ignore_errors=True)
-        # This machine's name and resolvers are no part of an image (runtimes provide them).
-        for path in ("etc/resolv.conf", "etc/hostname"):
-            (rootfs / path).unlink(missing_ok=True)
-            (rootfs / path).touch()
+        _make_rootfs(rootfs, suite, packages, build_log, log)
         tar = work / "rootfs.tar"
         _run(
             ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tar), "."],
@@ -363,6 +329,46 @@ def build_base(build: Buildah, log) -> str:
         shutil.rmtree(work, ignore_errors=True)
     log(f"made the image's base {image} in {time.monotonic() - started:.0f}s")
     return image
+
+
+def _make_rootfs(rootfs: Path, suite: str, packages: list[str], build_log: Path, log) -> None:
+    """Debian ``suite`` with ``packages`` in ``rootfs``, brought up to date, trimmed, and without
+    this machine's name and resolvers."""
+    archive, security = apt_sources()
+    log(f"making the image's base: debootstrap {suite} from {archive}")
+    _run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(packages)}",
+            suite,
+            str(rootfs),
+            archive,
+        ],
+        build_log,
+        "debootstrap",
+    )
+    (rootfs / "etc/apt/sources.list").write_text(
+        f"deb {archive} {suite} main\n"
+        f"deb {archive} {suite}-updates main\n"
+        f"deb {security} {suite}-security main\n"
+    )
+    # apt in the new system needs /proc: mounted in a mount namespace of its own, gone
+    # with it.
+    upgrade = (
+        f"mount -t proc proc {rootfs}/proc && "
+        f"chroot {rootfs} apt-get update -q && "
+        f"DEBIAN_FRONTEND=noninteractive chroot {rootfs} apt-get upgrade -y -q && "
+        f"chroot {rootfs} apt-get clean"
+    )
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", upgrade]
+    _run(argv, build_log, "security updates of the base")
+    for path in BASE_TRIM:
+        shutil.rmtree(rootfs / path, ignore_errors=True)
+    # This machine's name and resolvers are no part of an image (runtimes provide them).
+    for path in ("etc/resolv.conf", "etc/hostname"):
+        (rootfs / path).unlink(missing_ok=True)
+        (rootfs / path).touch()
 
 
 def build_agent_image(log=None) -> Image:

@@ -190,6 +190,41 @@ class RealNode:
         pki.mkdir(exist_ok=True)
         client = ca.issue(f"system:node:{self.name}", organizations=("system:nodes",), client=True)
         cert, key = client.write_to(pki, "kubelet-client")
+        kubeconfig = self._kubelet_kubeconfig(ca_cert, cert, key)
+        cni = self.dir / "cni"
+        cni.mkdir(exist_ok=True)
+        (cni / "10-testbed.conflist").write_text(json.dumps(self._cni_configuration(), indent=2))
+        containerd_config = self.dir / "containerd.toml"
+        containerd_config.write_text(self._containerd_configuration(cni))
+        resolv = self.dir / "resolv.conf"
+        resolv.write_text("")  # pods of real nodes resolve no names: addresses are IPs
+        kubelet_config = self.dir / "kubelet.json"
+        kubelet_config.write_text(json.dumps(self._kubelet_configuration(ca_cert, resolv)))
+        init_config = self._init_configuration(kubelet_config, kubeconfig, containerd_config)
+        config_path = self.dir / "init.json"
+        config_path.write_text(json.dumps(init_config, indent=2))
+        self.process = Process(
+            f"{self.cluster}/real-node",
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--kill-child=SIGKILL",
+                "--mount",
+                "--propagation",
+                "private",
+                "--net",
+                sys.executable,
+                "-m",
+                "testbed.realnode.init",
+                str(config_path),
+            ],
+            self.logs / "real-node.log",
+            env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+        )
+        return self.process
+
+    def _kubelet_kubeconfig(self, ca_cert: Path, cert: Path, key: Path) -> Path:
         kubeconfig = self.dir / "kubelet.kubeconfig"
         kubeconfig.write_text(
             json.dumps(
@@ -219,17 +254,15 @@ class RealNode:
             )
         )
         kubeconfig.chmod(0o600)
-        cni = self.dir / "cni"
-        cni.mkdir(exist_ok=True)
-        (cni / "10-testbed.conflist").write_text(json.dumps(self._cni_configuration(), indent=2))
-        containerd_config = self.dir / "containerd.toml"
-        containerd_config.write_text(self._containerd_configuration(cni))
-        resolv = self.dir / "resolv.conf"
-        resolv.write_text("")  # pods of real nodes resolve no names: addresses are IPs
-        kubelet_config = self.dir / "kubelet.json"
-        kubelet_config.write_text(json.dumps(self._kubelet_configuration(ca_cert, resolv)))
+        return kubeconfig
+
+    def _init_configuration(
+        self, kubelet_config: Path, kubeconfig: Path, containerd_config: Path
+    ) -> dict:
+        """What :mod:`testbed.realnode.init` reads: the namespaces' set-up, the node's
+        processes."""
         path = os.pathsep.join([str(self.setup.bin_dir), *SYSTEM_PATH])
-        init_config = {
+        return {
             "dir": str(self.dir),
             "host_pid": os.getpid(),
             "kernel_settings": KERNEL_SETTINGS,
@@ -274,28 +307,6 @@ class RealNode:
                 "log": str(self.logs / "kubelet.log"),
             },
         }
-        config_path = self.dir / "init.json"
-        config_path.write_text(json.dumps(init_config, indent=2))
-        self.process = Process(
-            f"{self.cluster}/real-node",
-            [
-                "unshare",
-                "--pid",
-                "--fork",
-                "--kill-child=SIGKILL",
-                "--mount",
-                "--propagation",
-                "private",
-                "--net",
-                sys.executable,
-                "-m",
-                "testbed.realnode.init",
-                str(config_path),
-            ],
-            self.logs / "real-node.log",
-            env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-        )
-        return self.process
 
     def _cni_configuration(self) -> dict:
         return {
