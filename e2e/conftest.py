@@ -14,9 +14,8 @@ its own test bed when its first e2e test asks for one, and runs the tests of a m
 (its module-scoped fixtures set up once): each e2e test is in the ``xdist_group`` of its module
 unless it names one. Tests that need this machine to themselves in some way share a group, and
 so a worker, one after the other: the real-node tests (:data:`REAL_NODE_MODULES`: their nodes
-use fixed host paths). Tests marked ``alone`` (a ratio of two timings, which other load skews)
-run after the others, in a phase of their own: ``--phase parallel`` leaves them out, ``--phase
-alone`` runs only them; without ``--phase``, everything runs.
+use fixed host paths). Groups that take longest are handed out first (:data:`LONGEST_FIRST`).
+Tests marked ``alone`` run in a phase of their own (the repository's conftest.py).
 """
 
 from __future__ import annotations
@@ -42,21 +41,9 @@ _module_testbed: TestBed | None = None
 HERE = Path(__file__).parent
 # Modules whose tests run real nodes, or build images on this machine: one at a time.
 REAL_NODE_MODULES = ("test_in_cluster.py", "test_image.py", "test_fresh_machine.py")
-PHASES = ("parallel", "alone")
-
-
-def pytest_addoption(parser):
-    parser.addoption(
-        "--phase",
-        choices=PHASES,
-        help="parallel: every test but those marked alone; alone: only those (default: all)",
-    )
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "alone: runs in a phase of its own, with no other test running (timings)"
-    )
+# The groups that take longest (measured: docs/contributing.md), the longest first: handed out
+# first, so that none of them starts last and holds the run up.
+LONGEST_FIRST = ("real-nodes", "test_keepalive.py")
 
 
 def group_of(item) -> str:
@@ -75,13 +62,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
             if item.get_closest_marker("xdist_group") is None:
                 item.add_marker(pytest.mark.xdist_group(group_of(item)))
-    phase = config.getoption("--phase")
-    if phase is None:
-        return
-    alone = [i for i in items if i.get_closest_marker("alone")]
-    kept = [i for i in items if (i in alone) == (phase == "alone")]
-    config.hook.pytest_deselected(items=[i for i in items if i not in kept])
-    items[:] = kept
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: _rank(item, rank))
+
+
+def _rank(item, rank: dict[str, int]) -> int:
+    """Where an item's group stands in the queue: the longest e2e groups first, then the other
+    e2e tests, then the unit tests (which fill the workers' last minutes)."""
+    if HERE not in Path(item.fspath).parents:
+        return len(rank) + 1
+    marker = item.get_closest_marker("xdist_group")
+    return rank.get(marker.args[0] if marker and marker.args else "", len(rank))
 
 
 @pytest.fixture(scope="session")
