@@ -179,7 +179,7 @@ def check_deployment(sh: Shell, kubectl: Kubectl, namespace: str, nodes: list[st
     assert all("node/" + r["NODE"] in real[CLUSTER2] for r in remote)
 
     # Details: "Notice the original manifest saved as an annotation" and "that their spec
-    # matches the original manifest" (minus what COMPAT.md says a delegate drops).
+    # matches the original manifest" (minus what docs/reference.md says a delegate drops).
     by_uid = {p["metadata"]["uid"]: p for p in proxies(kubectl, namespace)}
     placed = delegates(kubectl, CLUSTER1, namespace) + delegates(kubectl, CLUSTER2, namespace)
     assert sorted(d["metadata"]["labels"][PREFIX + "parent-uid"] for d in placed) == sorted(
