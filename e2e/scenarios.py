@@ -190,8 +190,9 @@ def nothing_left(kubectl: Kubectl, namespace: str) -> bool:
 
 def comparable_spec(spec: dict) -> dict:
     """A pod spec without what the documented changes remove (docs/reference.md, "Compared with
-    Admiralty v0.17") and the target's own admission and scheduler add again to any pod: its service-account token volume and mount,
-    the node, and the priority computed from the class."""
+    Admiralty v0.17") and the target's own admission and scheduler add again to any pod: its
+    service-account token volume and mount, the node, and the priority computed from the
+    class."""
     spec = json.loads(json.dumps(spec))
     spec.pop("nodeName", None)
     spec.pop("priority", None)
