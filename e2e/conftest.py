@@ -9,13 +9,9 @@ tail of each one is attached to its report.
 real node each (kubelet, containerd, the agent's image and Argo's executor built here; Argo's
 controller in cluster1), skipped with the reason where real nodes cannot run.
 
-Run in parallel (``pytest -n N --dist loadgroup``, as ``./dev test`` does), every worker starts
-its own test bed when its first e2e test asks for one, and runs the tests of a module together
-(its module-scoped fixtures set up once): each e2e test is in the ``xdist_group`` of its module
-unless it names one. Tests that need this machine to themselves in some way share a group, and
-so a worker, one after the other: the real-node tests (:data:`REAL_NODE_MODULES`: their nodes
-use fixed host paths). Groups that take longest are handed out first (:data:`LONGEST_FIRST`).
-Tests marked ``alone`` run in a phase of their own (the repository's conftest.py).
+Run on several workers (``pytest -n N --dist loadgroup``, as ``./dev test`` does), every worker
+starts its own test bed when its first e2e test asks for one; which tests share a worker is the
+repository's conftest.py's to say.
 """
 
 from __future__ import annotations
@@ -39,40 +35,12 @@ _module_testbed: TestBed | None = None
 
 
 HERE = Path(__file__).parent
-# Modules whose tests run real nodes, or build images on this machine: one at a time.
-REAL_NODE_MODULES = ("test_in_cluster.py", "test_image.py", "test_fresh_machine.py")
-# The groups that take longest (measured: docs/contributing.md), the longest first: handed out
-# first, so that none of them starts last and holds the run up.
-LONGEST_FIRST = ("real-nodes", "test_keepalive.py")
 
 
-def group_of(item) -> str:
-    """The xdist group of an e2e test: its module's, unless it needs the machine's real-node
-    paths (then one group for all of those)."""
-    path = Path(item.fspath)
-    if path.name in REAL_NODE_MODULES:
-        return "real-nodes"
-    return str(path.relative_to(HERE))
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(item.fspath).parents:
             item.add_marker(pytest.mark.e2e)
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(group_of(item)))
-    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: _rank(item, rank))
-
-
-def _rank(item, rank: dict[str, int]) -> int:
-    """Where an item's group stands in the queue: the longest e2e groups first, then the other
-    e2e tests, then the unit tests (which fill the workers' last minutes)."""
-    if HERE not in Path(item.fspath).parents:
-        return len(rank) + 1
-    marker = item.get_closest_marker("xdist_group")
-    return rank.get(marker.args[0] if marker and marker.args else "", len(rank))
 
 
 @pytest.fixture(scope="session")
