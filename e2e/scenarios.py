@@ -13,14 +13,17 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from multicluster_scheduler.api.keys import PREFIX, PROXY_SCHEDULER_NAME
+from multicluster_scheduler.api.keys import API_VERSION, PREFIX, PROXY_SCHEDULER_NAME
 from testbed import TestBed, guide, wait_for
 from testbed.guide import REGION, condition, nginx, running_and_ready
 from testbed.kubectl import Kubectl
@@ -30,6 +33,8 @@ REAL_NODES = "virtual-kubelet.io/provider!=admiralty"  # every node but virtual 
 EXIT_CODE = "testbed.multicluster-scheduler.io/exit-code"  # the test bed's kwok stages
 # Kinds the guide fixture does not delete (it deletes deployments, jobs, daemonsets and pods).
 MORE_KINDS = ("cronjobs", "statefulsets", "replicasets", "poddisruptionbudgets")
+TENANT = "tenant"  # a user of cluster1 with Targets and Secrets in one namespace (grant_tenant)
+ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = [
     "REGION",
@@ -381,3 +386,154 @@ class PodEvents:
             [p for p in s.values() if not p["metadata"].get("deletionTimestamp")] for s in states
         ]
         return min(len(ready(s)) for s in staying), max(len(s) for s in staying)
+
+
+# -- commands, faults and tenants ------------------------------------------------------------------
+
+
+def cli(kubeconfig: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The console script as users run it (``python -m`` of the same entry point)."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "multicluster_scheduler.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ) | {"KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    print(f"$ multicluster-scheduler {' '.join(args)}  ({time.monotonic() - started:.1f}s)")
+    if proc.stdout.startswith("apiVersion: v1\nkind: Secret"):
+        print(f"(a Secret manifest, {len(proc.stdout)} bytes)")  # it holds a token
+    else:
+        print(proc.stdout, end="")
+    print(proc.stderr, end="")
+    return proc
+
+
+def join(testbed: TestBed, *args: str, kubeconfig: Path | None = None):
+    return cli(
+        kubeconfig or testbed.kubeconfig,
+        "join",
+        "--source-context",
+        SOURCE,
+        "--target-context",
+        TARGET,
+        *args,
+    )
+
+
+def restart_api_server(cluster, stopped: bool = False) -> None:
+    """Start (or restart) a cluster's API server and wait until it serves and its nodes are
+    Ready; then restart its scheduler and controller manager. The test bed runs those without
+    leader election (nothing restarts them), and after the 403s of an API server whose RBAC is
+    still loading their watches may back off for minutes: not what these faults are about."""
+    if not stopped:
+        cluster.stop("kube-apiserver")
+    cluster.start("kube-apiserver")
+    cluster.wait_settled()
+    for component in ("kube-scheduler", "kube-controller-manager"):
+        cluster.stop(component)
+        cluster.start(component)
+    cluster.wait_settled()
+
+
+def processes_under(directory: Path) -> list[str]:
+    """Command lines of live processes that mention ``directory`` (components and supervisor)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(directory) in cmdline:
+            found.append(f"{entry.name}: {cmdline[:160]}")
+    return found
+
+
+def cluster_name(kubectl: Kubectl) -> str:
+    """The source's name on its delegates (the uid of its kube-system namespace): anyone can
+    read it on any delegate or copy."""
+    return kubectl.json(SOURCE, "get", "namespace", "kube-system")["metadata"]["uid"]
+
+
+def service(kubectl: Kubectl, context: str, namespace: str, name: str) -> dict | None:
+    proc = kubectl.run(context, "get", "service", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def endpoint_pods(kubectl: Kubectl, context: str, namespace: str, name: str) -> set[str]:
+    """Names of the pods behind a Service, from its EndpointSlices."""
+    slices = kubectl.json(
+        context,
+        "get",
+        "endpointslices",
+        "-n",
+        namespace,
+        "-l",
+        f"kubernetes.io/service-name={name}",
+    )["items"]
+    return {
+        endpoint["targetRef"]["name"]
+        for item in slices
+        for endpoint in item.get("endpoints") or ()
+        if endpoint.get("targetRef")
+    }
+
+
+def target_ready(target: dict) -> dict:
+    """A Target's Ready condition ({} when it has none)."""
+    return condition(target, "Ready")
+
+
+def as_tenant(kubectl: Kubectl, namespace: str, *args: str, stdin: str | None = None) -> str:
+    return kubectl(SOURCE, "--as", TENANT, "-n", namespace, *args, stdin=stdin)
+
+
+def grant_tenant(kubectl: Kubectl, namespace: str) -> None:
+    """A tenant of ``namespace`` in cluster1: Targets and Secrets there, nothing else."""
+    kubectl.apply(
+        SOURCE,
+        f"""apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: {TENANT}, namespace: {namespace}}}
+rules:
+  - apiGroups: [multicluster.admiralty.io]
+    resources: [targets]
+    verbs: [get, list, watch, create, update, patch, delete]
+  - apiGroups: [""]
+    resources: [secrets]
+    verbs: [get, list, watch, create, update, patch, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: {TENANT}, namespace: {namespace}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {TENANT}}}
+subjects: [{{kind: User, apiGroup: rbac.authorization.k8s.io, name: {TENANT}}}]
+""",
+    )
+    for verb, what in (("create", "nodes"), ("create", "clustertargets"), ("list", "targets -A")):
+        answer = kubectl.run(
+            SOURCE, "--as", TENANT, "auth", "can-i", verb, *what.split(), check=False
+        )
+        assert answer.stdout.strip() == "no", f"the tenant may {verb} {what}: not a tenant"
+
+
+def tenant_target(kubectl: Kubectl, namespace: str, config: str) -> None:
+    """The tenant's Secret and Target ``evil``, with kubeconfig ``config``."""
+    as_tenant(kubectl, namespace, "apply", "-f", "-",
+              stdin=json.dumps(secret("evil", namespace, {"config": config})))  # fmt: skip
+    target = {
+        "apiVersion": API_VERSION,
+        "kind": "Target",
+        "metadata": {"name": "evil", "namespace": namespace},
+        "spec": {"kubeconfigSecret": {"name": "evil"}},
+    }
+    as_tenant(kubectl, namespace, "apply", "-f", "-", stdin=json.dumps(target))
+
+
+def virtual_nodes(kubectl: Kubectl, namespace: str) -> list[dict]:
+    selector = f"{PREFIX}target-namespace={namespace}"
+    return kubectl.json(SOURCE, "get", "nodes", "-l", selector)["items"]

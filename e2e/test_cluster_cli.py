@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.scenarios import processes_under
 from testbed import wait_for
 from testbed.kubectl import Kubectl
 
@@ -26,21 +27,6 @@ def cluster_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess
         text=True,
         timeout=timeout,
     )
-
-
-def processes_under(directory: Path) -> list[str]:
-    """Command lines of live processes that mention ``directory`` (components and supervisor)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(directory) in cmdline:
-            found.append(f"{entry.name}: {cmdline[:160]}")
-    return found
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.test_cluster_cli import processes_under
+from e2e.scenarios import processes_under
 from testbed import demo
 from testbed.kubectl import Kubectl
 

@@ -33,13 +33,14 @@ from e2e.scenarios import (
     all_running,
     comparable_spec,
     delegates,
+    endpoint_pods,
     nginx,
     nothing_left,
     pods,
     proxies,
     running_and_ready,
+    service,
 )
-from e2e.test_services import endpoint_pods, service
 from multicluster_scheduler.api.keys import PREFIX
 from testbed import guide, wait_for
 from testbed.install import NAMESPACE as ADMIRALTY

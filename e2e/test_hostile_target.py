@@ -28,14 +28,18 @@ from e2e.scenarios import (
     SOURCE,
     TARGET,
     all_running,
+    as_tenant,
+    cluster_name,
     connect,
     disconnect,
+    grant_tenant,
     kubeconfig_for,
     nginx,
     nothing_left,
+    tenant_target,
+    virtual_nodes,
 )
-from e2e.test_target_limits import as_tenant, grant_tenant, ready, tenant_target, virtual_nodes
-from e2e.test_tenant_isolation import cluster_name
+from e2e.scenarios import target_ready as ready
 from testbed import TestBed, wait_for
 from testbed.install import Installation
 from testbed.kubectl import Kubectl

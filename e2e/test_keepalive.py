@@ -23,8 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.scenarios import SOURCE, TARGET
-from e2e.test_join import join
+from e2e.scenarios import SOURCE, TARGET, join
 from multicluster_scheduler.api.keepalive import (
     AWAY,
     LEGACY_HEARTBEAT_LABEL,

@@ -21,8 +21,15 @@ import time
 
 import pytest
 
-from e2e.scenarios import REGION, SOURCE, TARGET, node_ready, proxies, running_and_ready
-from e2e.test_faults import restart_api_server
+from e2e.scenarios import (
+    REGION,
+    SOURCE,
+    TARGET,
+    node_ready,
+    proxies,
+    restart_api_server,
+    running_and_ready,
+)
 from testbed import TestBed, wait_for
 from testbed.kubectl import Kubectl
 

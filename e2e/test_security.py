@@ -27,6 +27,7 @@ from e2e.scenarios import (
     SOURCE,
     TARGET,
     all_running,
+    cli,
     condition,
     connect,
     disconnect,
@@ -39,7 +40,6 @@ from e2e.scenarios import (
     proxies,
     secret,
 )
-from e2e.test_join import cli
 from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, guide, wait_for
 from testbed.install import NAMESPACE as RELEASE_NAMESPACE

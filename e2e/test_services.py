@@ -20,8 +20,10 @@ from e2e.scenarios import (
     connect,
     delegates,
     disconnect,
+    endpoint_pods,
     nginx,
     nothing_left,
+    service,
 )
 from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, wait_for
@@ -30,30 +32,6 @@ from testbed.kubectl import Kubectl
 
 FINALIZER = PREFIX + "multiclusterForegroundDeletion"
 FOREIGN = "metallb.universe.tf/ip-allocated-from-pool"
-
-
-def service(kubectl: Kubectl, context: str, namespace: str, name: str) -> dict | None:
-    proc = kubectl.run(context, "get", "service", name, "-n", namespace, "-o", "json", check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-
-def endpoint_pods(kubectl: Kubectl, context: str, namespace: str, name: str) -> set[str]:
-    """Names of the pods behind a Service, from its EndpointSlices."""
-    slices = kubectl.json(
-        context,
-        "get",
-        "endpointslices",
-        "-n",
-        namespace,
-        "-l",
-        f"kubernetes.io/service-name={name}",
-    )["items"]
-    return {
-        endpoint["targetRef"]["name"]
-        for item in slices
-        for endpoint in item.get("endpoints") or ()
-        if endpoint.get("targetRef")
-    }
 
 
 def manifest(*ports: int) -> str:

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.scenarios import condition, live, nginx, nothing_left, proxies, running_and_ready
-from e2e.test_join import cli
+from e2e.scenarios import cli, condition, live, nginx, nothing_left, proxies, running_and_ready
 from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, wait_for
 from testbed.bed import free_ports

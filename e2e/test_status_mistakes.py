@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from e2e.scenarios import nginx, proxies
-from e2e.test_join import cli
+from e2e.scenarios import cli, nginx, proxies
 from testbed import TestBed, wait_for
 from testbed.install import Installation
 from testbed.kubectl import Kubectl

@@ -29,9 +29,11 @@ from e2e.scenarios import (
     SOURCE,
     TARGET,
     all_running,
+    cluster_name,
     condition,
     connect,
     disconnect,
+    join,
     live,
     nginx,
     node_ready,
@@ -39,7 +41,6 @@ from e2e.scenarios import (
     pods,
     proxies,
 )
-from e2e.test_join import join
 from multicluster_scheduler.api.keys import PREFIX
 from testbed import TestBed, wait_for
 from testbed.install import NAMESPACE as RELEASE_NAMESPACE
@@ -82,12 +83,6 @@ def grant(kubectl: Kubectl, context: str, user: str, role: str, namespace: str) 
 
 def as_user(user: str) -> str:
     return f"--as={user}"
-
-
-def cluster_name(kubectl: Kubectl) -> str:
-    """The source's name on its delegates (the uid of its kube-system namespace): anyone can
-    read it on any delegate or copy."""
-    return kubectl.json(SOURCE, "get", "namespace", "kube-system")["metadata"]["uid"]
 
 
 def impostor(name: str, namespace: str, proxy: dict, source: str, **spec) -> dict:
