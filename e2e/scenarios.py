@@ -1,7 +1,8 @@
 """What the end-to-end scenarios share: the user guide's topology on the test bed (cluster1 is a
 source and its own target ``c1``, cluster2 a target ``c2``, connected as the guide does it, with
 RBAC made by hand where the Source controller would make it), what the tests read of proxy pods
-and delegates, and the workloads of Kubernetes' built-in controllers with elected pod templates.
+and delegates, the workloads of Kubernetes' built-in controllers with elected pod templates, the
+command as users run it, faults of the test bed, and a tenant of cluster1.
 
 The fixtures built on them (``guide``, ``regions``, ``workloads``) are in conftest.py; product
 keys come from :mod:`multicluster_scheduler.api.keys`, the guide's manifests from
