@@ -418,8 +418,11 @@ class Cluster:
             "--leader-elect=false",
             f"--service-account-private-key-file={pki / 'sa.key'}",
             f"--root-ca-file={pki / 'ca.crt'}",
-            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
-            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            # The kubelet-serving signer only (the agent asks it for its kubelet API's
+            # certificate): each signer watches its files with an inotify instance of its own,
+            # and several beds at once would exhaust the machine's (128 by default).
+            f"--cluster-signing-kubelet-serving-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-kubelet-serving-key-file={pki / 'ca.key'}",
             "--use-service-account-credentials=true",
             f"--kube-api-qps={qps}",
             f"--kube-api-burst={2 * qps}",
