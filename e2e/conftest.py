@@ -8,6 +8,10 @@ tail of each one is attached to its report.
 ``real_node_testbed`` is another test bed, for one module at a time: cluster1 and cluster2 with a
 real node each (kubelet, containerd, the agent's image and Argo's executor built here; Argo's
 controller in cluster1), skipped with the reason where real nodes cannot run.
+
+Run on several workers (``pytest -n N --dist loadgroup``, as ``./dev test`` does), every worker
+starts its own test bed when its first e2e test asks for one; which tests share a worker is the
+repository's conftest.py's to say.
 """
 
 from __future__ import annotations
@@ -19,19 +23,23 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import ClusterSpec, TestBed
-from e2e.kubectl import Kubectl
-from e2e.testbin import build
+from e2e import scenarios
+from e2e.scenarios import MORE_KINDS, REAL_NODES, REGION, SOURCE, TARGET
+from testbed import ClusterSpec, TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
+from testbed.testbin import build
 
 _testbed: TestBed | None = None
 _module_testbed: TestBed | None = None
-REGION = "topology.kubernetes.io/region"
+
+
+HERE = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
     for item in items:
-        if here in Path(item.fspath).parents:
+        if HERE in Path(item.fspath).parents:
             item.add_marker(pytest.mark.e2e)
 
 
@@ -59,11 +67,11 @@ def real_node_testbed(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """cluster1 (fake nodes in region us) and cluster2 (eu), each with one real node that holds
     the agent's image built here: (the test bed, the image's name). Everything it needs is built
     or installed first when missing (cached). ``bed.machine_before``: this machine's settings
-    before the real nodes started (:func:`e2e.host.machine_settings`)."""
+    before the real nodes started (:func:`testbed.host.machine_settings`)."""
     global _module_testbed
-    from e2e.host import machine_settings, real_node_blocker
-    from e2e.image import build_argoexec_image
-    from e2e.realnode import prepare
+    from testbed.host import machine_settings, real_node_blocker
+    from testbed.image import build_argoexec_image
+    from testbed.realnode import prepare
 
     blocker = real_node_blocker()
     if blocker:
@@ -113,8 +121,6 @@ def kubectl(testbed: TestBed) -> Kubectl:
 def installation(testbed: TestBed):
     """The chart helm-installed into every cluster, agents running under its identity; removed
     after the module (unless a test uninstalled it)."""
-    from e2e.cluster.install import Installation
-
     install = Installation(testbed)
     install.install()
     install.start_agents()
@@ -151,6 +157,45 @@ async def connect(testbed: TestBed):
     yield make
     for cluster in made:
         await cluster.stop()
+
+
+@pytest.fixture
+def guide(installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str):
+    """Targets c1 (self) and c2 Ready in ``namespace``, which is enabled for elected pods."""
+    nodes = scenarios.connect(kubectl, testbed, namespace)
+    kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler=enabled")
+    yield namespace, nodes
+    for kind in ("deployments", "jobs", "daemonsets", "pods"):
+        kubectl(SOURCE, "delete", kind, "--all", "-n", namespace, "--wait=false")
+    try:
+        wait_for(
+            lambda: scenarios.nothing_left(kubectl, namespace),
+            60,
+            what="proxies and delegates gone",
+        )
+    finally:
+        scenarios.disconnect(kubectl, namespace)
+
+
+@pytest.fixture
+def regions(kubectl: Kubectl):
+    """The guide's region labels: cluster1's nodes in us, cluster2's in eu."""
+    kubectl(SOURCE, "label", "nodes", "-l", REAL_NODES, f"{REGION}=us", "--overwrite")
+    kubectl(TARGET, "label", "nodes", "-l", REAL_NODES, f"{REGION}=eu", "--overwrite")
+    yield
+    for context in (SOURCE, TARGET):
+        kubectl(context, "label", "nodes", "-l", REAL_NODES, f"{REGION}-")
+
+
+@pytest.fixture
+def workloads(guide, kubectl: Kubectl):
+    """The guide's topology (``guide``); the workloads of MORE_KINDS are deleted afterwards in
+    both clusters (the guide fixture then waits until no proxy pod and no delegate is left)."""
+    yield guide
+    namespace, _ = guide
+    for context in (SOURCE, TARGET):
+        for kind in MORE_KINDS:
+            kubectl(context, "delete", kind, "--all", "-n", namespace, "--wait=false")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -23,12 +23,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import NAMESPACE as RELEASE_NAMESPACE
-from e2e.cluster.install import RELEASE, Installation
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import PREFIX, REAL_NODES, condition, proxies
-from e2e.topology import SOURCE, TARGET, connect, disconnect
+from e2e.scenarios import REAL_NODES, SOURCE, TARGET, condition, connect, disconnect, proxies
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, wait_for
+from testbed.install import NAMESPACE as RELEASE_NAMESPACE
+from testbed.install import RELEASE, Installation
+from testbed.kubectl import Kubectl
 
 MANIFEST = PREFIX + "sourcepod-manifest"
 MAC = PREFIX + "sourcepod-manifest-mac"

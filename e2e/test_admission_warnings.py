@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import CommandError, Kubectl
 from multicluster_scheduler.api.keycheck import POD_ANNOTATIONS, key_mistake
+from multicluster_scheduler.api.keys import ELECT
 from multicluster_scheduler.webhook.reinvocation import SAVED
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import CommandError, Kubectl
 
 SOURCE = "cluster1"
-ELECT = "multicluster.admiralty.io/elect"
 POLICY = (
     "Warning: Validation failed for ValidatingAdmissionPolicy 'multicluster-scheduler-warnings' "
     "with binding 'multicluster-scheduler-warnings': "

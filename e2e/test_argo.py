@@ -3,7 +3,7 @@ steps are elected runs its steps in the clusters their node selectors ask for, f
 an output from one step to the next, and Argo's retry strategy moves a failed step to another
 cluster.
 
-Argo's own controller (v4, built from its Go module: e2e.cluster.argo) runs in cluster1. Its
+Argo's own controller (v4, built from its Go module: testbed.argo) runs in cluster1. Its
 executor runs in containers, which fake nodes lack: the test bed's stages end a pod's
 containers with the exit code its ``testbed.multicluster-scheduler.io/exit-code`` annotation
 asks for, which is all a step's container does here. Outputs that only the executor reports
@@ -18,16 +18,10 @@ import time
 
 import pytest
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import (  # noqa: F401 (guide and regions are fixtures)
-    PREFIX,
-    delegates,
-    guide,
-    proxies,
-    regions,
-)
-from e2e.topology import SOURCE, TARGET
+from e2e.scenarios import SOURCE, TARGET, delegates, proxies
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
 EXIT_CODE = "testbed.multicluster-scheduler.io/exit-code"
 WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
@@ -131,7 +125,7 @@ spec:
 
 
 @pytest.fixture
-def argo(guide, kubectl: Kubectl):  # noqa: F811
+def argo(guide, kubectl: Kubectl):
     """The guide's namespace with targets c1 and c2; its workflows deleted afterwards (their
     pods go with them, by Argo's owner references)."""
     yield guide
@@ -191,7 +185,7 @@ def delegate_command(kubectl: Kubectl, context: str, namespace: str, proxy_name:
 
 def test_a_dag_runs_its_steps_where_their_selectors_say_fans_out_and_retries_elsewhere(
     argo,
-    regions,  # noqa: F811
+    regions,
     kubectl: Kubectl,
 ):
     namespace, nodes = argo

@@ -26,16 +26,20 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.topology import SOURCE, TARGET, connect, grant_source, kubeconfig_for, secret
+from e2e.scenarios import SOURCE, TARGET, connect, grant_source, kubeconfig_for, secret
+from multicluster_scheduler.api.keys import (
+    API_VERSION,
+    ELECT,
+    GROUP,
+    PARENT_UID,
+    SOURCEPOD_MANIFEST,
+)
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
-GROUP = "multicluster.admiralty.io"
-API = f"{GROUP}/v1alpha1"
-ELECT = f"{GROUP}/elect"
-MANIFEST = f"{GROUP}/sourcepod-manifest"
-PARENT_UID = f"{GROUP}/parent-uid"
+API = API_VERSION
+MANIFEST = SOURCEPOD_MANIFEST
 CEL = "exactly one of spec.self (true) and spec.kubeconfigSecret must be set"
 SETTLE = 45  # seconds for any one reaction; they usually take one or two
 

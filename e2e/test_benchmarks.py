@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import TestBed
+from testbed import TestBed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def test_informer_benchmark_runs(testbed: TestBed, tmp_path: Path):
         [
             sys.executable,
             "-m",
-            "e2e.bench.informer",
+            "bench.informer",
             "--pods",
             "300",
             "--kubeconfig",
@@ -51,10 +51,10 @@ def test_informer_benchmark_runs(testbed: TestBed, tmp_path: Path):
 
 @pytest.mark.timeout(900)  # eight benchmarks, each on the same three clusters: about 7 minutes
 def test_the_benchmark_suite_runs_end_to_end_at_small_sizes(bin_dir: Path, tmp_path: Path):
-    """``python -m e2e.bench --quick``: every benchmark on its own three clusters, at smoke
+    """``python -m bench --quick``: every benchmark on its own three clusters, at smoke
     sizes; the figures in docs/performance.md come from full runs."""
     proc = subprocess.run(
-        [sys.executable, "-m", "e2e.bench", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -95,7 +95,7 @@ def test_the_benchmark_suite_runs_end_to_end_at_small_sizes(bin_dir: Path, tmp_p
 def test_a_burst_in_one_namespace_does_not_hold_up_another_namespaces_first_pods(
     bin_dir: Path, tmp_path: Path
 ):
-    """``python -m e2e.bench --only fairness``: 5 elected pods of namespace B, created once a
+    """``python -m bench --only fairness``: 5 elected pods of namespace B, created once a
     quarter of namespace A's burst of 300 elected pods exists (both through the same two
     ClusterTargets), are Running before half of A's burst is, and within 5 times their time
     during the same burst unelected, where our agent has nothing to do (the goal is 2, nearly
@@ -106,7 +106,7 @@ def test_a_burst_in_one_namespace_does_not_hold_up_another_namespaces_first_pods
     burst."""
     argv = ["--only", "fairness", "--fair-burst", "300", "--fair-rounds", "5"]
     proc = subprocess.run(
-        [sys.executable, "-m", "e2e.bench", *argv, "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench", *argv, "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

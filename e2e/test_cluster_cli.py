@@ -1,4 +1,4 @@
-"""``python -m e2e.cluster up|down`` as developers use it, and what it leaves behind: nothing."""
+"""``python -m testbed up|down`` as developers use it, and what it leaves behind: nothing."""
 
 from __future__ import annotations
 
@@ -12,35 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
+from e2e.scenarios import processes_under
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def cluster_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "e2e.cluster", *args],
+        [sys.executable, "-m", "testbed", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-
-
-def processes_under(directory: Path) -> list[str]:
-    """Command lines of live processes that mention ``directory`` (components and supervisor)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(directory) in cmdline:
-            found.append(f"{entry.name}: {cmdline[:160]}")
-    return found
 
 
 @pytest.fixture
@@ -83,7 +69,7 @@ def test_components_die_with_a_killed_supervisor(run_dir: Path):
 
 def test_interrupted_up_stops_what_it_started(run_dir: Path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "e2e.cluster", "up", "--clusters", "solo", "--dir", str(run_dir)],
+        [sys.executable, "-m", "testbed", "up", "--clusters", "solo", "--dir", str(run_dir)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -11,13 +11,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import REGION, all_running, guide, regions  # noqa: F401
-from e2e.topology import SOURCE, TARGET
+from e2e.scenarios import REGION, SOURCE, TARGET, all_running
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
-PREFIX = "multicluster.admiralty.io/"
 RESTORED_WITHIN = 5.0
 STAYS_GONE = 8.0  # longer than a restore takes: a copy not back by then is not coming back
 
@@ -157,7 +156,7 @@ def delete_and_time(kubectl: Kubectl, read, namespace: str, kind: str) -> float:
 
 
 @pytest.fixture
-def copied(guide, regions, testbed: TestBed, kubectl: Kubectl) -> Iterator[tuple[str, Callable]]:  # noqa: F811
+def copied(guide, regions, testbed: TestBed, kubectl: Kubectl) -> Iterator[tuple[str, Callable]]:
     """The workload in place, each kind of copy in cluster2: (namespace, ``read``)."""
     namespace, _ = guide
     read = reader(testbed, namespace)

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.kubectl import Kubectl
-from e2e.manifests import guide
+from testbed import TestBed, guide, wait_for
+from testbed.kubectl import Kubectl
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXT = "cluster2"

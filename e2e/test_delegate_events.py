@@ -12,12 +12,11 @@ import json
 import time
 import urllib.request
 
-from e2e.cluster import wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE, TARGET
 from e2e.test_kubelet_api import POD, delegates_of, placed  # noqa: F401
-from e2e.test_scheduling import guide, regions  # noqa: F401
-from e2e.topology import SOURCE, TARGET
+from testbed import wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 PREFIX = "[target c2] "
 PROXY_BURST = 25  # delegate_events.PROXY_BURST: what one proxy pod gets before its refill

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e import demo
-from e2e.kubectl import Kubectl
-from e2e.test_cluster_cli import processes_under
+from e2e.scenarios import processes_under
+from testbed import demo
+from testbed.kubectl import Kubectl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,13 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def demo_cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
     """The entry point ``./dev demo`` and ``./dev down`` run (after setting up the venv)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "e2e.demo", *args],
+        [sys.executable, "-m", "testbed.demo", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-    print(f"$ python -m e2e.demo {' '.join(args)}\n{proc.stdout}{proc.stderr}")
+    print(f"$ python -m testbed.demo {' '.join(args)}\n{proc.stdout}{proc.stderr}")
     return proc
 
 
@@ -60,7 +60,7 @@ def test_demo_runs_nginx_across_two_clusters_and_down_leaves_nothing(demo_dir: P
     assert re.search(r"^Ready in \d+ s\.$", up.stdout, re.MULTILINE)
     kubeconfig = demo_dir / "kubeconfig"
     assert "kubectl --context cluster2 get pods -o wide" in up.stdout
-    assert f"Stop it: python -m e2e.demo down --dir {demo_dir}" in up.stdout
+    assert f"Stop it: python -m testbed.demo down --dir {demo_dir}" in up.stdout
     assert up.stdout.splitlines()[-3] == f"export KUBECONFIG={kubeconfig}"
 
     # What the report says is what runs: delegates Running in both clusters.
@@ -317,7 +317,7 @@ def test_up_and_down_on_real_clusters_touch_only_what_up_made(monkeypatch, tmp_p
     assert "burst: using the installed mcs in kube-tools" in out
     assert "Where the 10 nginx delegates run" in out
     assert re.search(r"^  prod\s+c1\s+n1\s+6$", out, re.MULTILINE)
-    assert f"Stop it: python -m e2e.demo down --dir {tmp_path} --contexts prod,burst" in out
+    assert f"Stop it: python -m testbed.demo down --dir {tmp_path} --contexts prod,burst" in out
     assert fake.commands == [
         "helm --kube-context prod install multicluster-scheduler charts/multicluster-scheduler "
         "--namespace admiralty --create-namespace --wait --timeout 5m "
@@ -329,7 +329,7 @@ def test_up_and_down_on_real_clusters_touch_only_what_up_made(monkeypatch, tmp_p
         "--name c1 --target-name c1",
         "multicluster-scheduler join --source-context prod --target-context burst -n mcsdemo "
         "--name c1 --target-name c2",
-        "kubectl --context prod apply -f -",
+        "kubectl --context prod apply -n mcsdemo -f -",
     ]
     state = json.loads((tmp_path / demo.REMOTE_STATE).read_text())
     assert state["phase"] == "ready"

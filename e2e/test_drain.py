@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import (
-    condition,
-    guide,  # noqa: F401
-)
-from e2e.topology import SOURCE, TARGET
-from e2e.workloads import (
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
     PodEvents,
+    condition,
     delegates_of,
     finished,
     get,
@@ -28,8 +24,9 @@ from e2e.workloads import (
     ready,
     replicated,
     timed,
-    workloads_fixture,  # noqa: F401
 )
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
 BLOCKED = "Cannot evict pod as it would violate the pod's disruption budget"
 

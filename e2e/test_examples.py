@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.kubectl import Kubectl
+from testbed import TestBed, wait_for
+from testbed.kubectl import Kubectl
 
 ROOT = Path(__file__).resolve().parents[1]
 

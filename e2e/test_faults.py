@@ -23,15 +23,25 @@ from collections import Counter
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import CommandError, Kubectl
-from e2e.test_scheduling import condition, live, pods, proxies, running_and_ready
-from e2e.topology import SOURCE, TARGET, connect, disconnect
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
+    condition,
+    connect,
+    disconnect,
+    live,
+    pods,
+    proxies,
+    restart_api_server,
+    running_and_ready,
+)
 from multicluster import Cluster
 from multicluster_scheduler.agent import cluster_identity
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import CommandError, Kubectl
 
-PREFIX = "multicluster.admiralty.io/"
 PARENT_UID = PREFIX + "parent-uid"
 WEBHOOK = "proxy-pods.multicluster.admiralty.io"
 REPLICAS = int(os.environ.get("MCS_FAULT_REPLICAS", "200"))
@@ -280,21 +290,6 @@ def rollout(installation: Installation, testbed: TestBed, kubectl: Kubectl, name
     finally:
         print("left behind:", subject.left_behind()[:10])
         disconnect(kubectl, namespace)
-
-
-def restart_api_server(cluster, stopped: bool = False) -> None:
-    """Start (or restart) a cluster's API server and wait until it serves and its nodes are
-    Ready; then restart its scheduler and controller manager. The test bed runs those without
-    leader election (nothing restarts them), and after the 403s of an API server whose RBAC is
-    still loading their watches may back off for minutes: not what these faults are about."""
-    if not stopped:
-        cluster.stop("kube-apiserver")
-    cluster.start("kube-apiserver")
-    cluster.wait_settled()
-    for component in ("kube-scheduler", "kube-controller-manager"):
-        cluster.stop(component)
-        cluster.start(component)
-    cluster.wait_settled()
 
 
 def wait_bound(rollout: Rollout, node: str, count: int, timeout: float = 120) -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import base64
 import json
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import REGION, guide, job_condition, regions  # noqa: F401
-from e2e.topology import SOURCE, TARGET
+from e2e.scenarios import REGION, SOURCE, TARGET, job_condition
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
-PREFIX = "multicluster.admiralty.io/"
 FINALIZER = PREFIX + "multiclusterForegroundDeletion"
 
 
@@ -94,7 +93,7 @@ def ours(obj: dict | None) -> bool:
     )
 
 
-def test_config_maps_and_secrets_follow_a_job_to_its_target(guide, regions, kubectl: Kubectl):  # noqa: F811
+def test_config_maps_and_secrets_follow_a_job_to_its_target(guide, regions, kubectl: Kubectl):
     namespace, _ = guide
     kubectl(
         SOURCE, "create", "configmap", "settings", "-n", namespace, "--from-literal=GREETING=hello"
@@ -193,8 +192,8 @@ def test_config_maps_and_secrets_follow_a_job_to_its_target(guide, regions, kube
 
 
 def test_a_deleted_source_takes_its_copies_and_a_namesake_is_never_overwritten(
-    guide,  # noqa: F811
-    regions,  # noqa: F811
+    guide,
+    regions,
     kubectl: Kubectl,
 ):
     namespace, _ = guide

@@ -1,4 +1,4 @@
-"""The README's commands on a fresh machine, as a newcomer types them (:mod:`e2e.freshmachine`:
+"""The README's commands on a fresh machine, as a newcomer types them (:mod:`testbed.freshmachine`:
 this machine's root under an overlay, with no Docker, no buildah, no container runtime, no
 debootstrap, no caches, and here no Go either, with a copy of the repository).
 
@@ -24,15 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from e2e.freshmachine import (
+from testbed.freshmachine import (
     IMAGE_CACHE,
     PIP_CACHE,
     TESTBIN_CACHE,
     fresh_machine_blocker,
     run_on_fresh_machine,
 )
-from e2e.image.builder import cache_root as image_cache_root
-from e2e.testbin import builder as bed_binaries
+from testbed.image.builder import cache_root as image_cache_root
+from testbed.testbin import builder as bed_binaries
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "getting-started.md"
@@ -66,7 +66,7 @@ def test_dev_image_installs_what_it_needs_and_builds_the_image(tmp_path: Path):
     # Then the image's command runs in it, and the image goes (the base stays for the next run).
     check = (
         "set -e; ./dev image | tail -n 1 > image.name; "
-        ".venv/bin/python -c 'from e2e.image.builder import builder; import sys; "
+        ".venv/bin/python -c 'from testbed.image.builder import builder; import sys; "
         'name = open("image.name").read().strip(); b = builder(); '
         'ran = b.run(name, ["--help"]); print(ran.stdout, ran.stderr); '
         "sys.exit(ran.returncode)'; "

@@ -25,26 +25,27 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import wait_for
-from e2e.cluster.install import NAMESPACE as ADMIRALTY
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.manifests import guide
-from e2e.test_scheduling import (
-    PREFIX,
+from e2e.scenarios import (
     REAL_NODES,
     REGION,
+    SOURCE,
+    TARGET,
     all_running,
     comparable_spec,
     delegates,
+    endpoint_pods,
     nginx,
     nothing_left,
     pods,
     proxies,
     running_and_ready,
+    service,
 )
-from e2e.test_services import endpoint_pods, service
-from e2e.topology import SOURCE, TARGET
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import guide, wait_for
+from testbed.install import NAMESPACE as ADMIRALTY
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 CLUSTER1, CLUSTER2 = SOURCE, TARGET
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +180,7 @@ def check_deployment(sh: Shell, kubectl: Kubectl, namespace: str, nodes: list[st
     assert all("node/" + r["NODE"] in real[CLUSTER2] for r in remote)
 
     # Details: "Notice the original manifest saved as an annotation" and "that their spec
-    # matches the original manifest" (minus what COMPAT.md says a delegate drops).
+    # matches the original manifest" (minus what docs/reference.md says a delegate drops).
     by_uid = {p["metadata"]["uid"]: p for p in proxies(kubectl, namespace)}
     placed = delegates(kubectl, CLUSTER1, namespace) + delegates(kubectl, CLUSTER2, namespace)
     assert sorted(d["metadata"]["labels"][PREFIX + "parent-uid"] for d in placed) == sorted(

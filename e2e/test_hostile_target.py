@@ -24,13 +24,25 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import all_running, nginx, nothing_left
-from e2e.test_target_limits import as_tenant, grant_tenant, ready, tenant_target, virtual_nodes
-from e2e.test_tenant_isolation import cluster_name
-from e2e.topology import SOURCE, TARGET, connect, disconnect, kubeconfig_for
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
+    all_running,
+    as_tenant,
+    cluster_name,
+    connect,
+    disconnect,
+    grant_tenant,
+    kubeconfig_for,
+    nginx,
+    nothing_left,
+    tenant_target,
+    virtual_nodes,
+)
+from e2e.scenarios import target_ready as ready
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 CHART_MEMORY_LIMIT = 512 << 20  # values.yaml: agent.resources.limits.memory
 MIB = 1 << 20

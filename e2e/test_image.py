@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.host import image_blocker
-from e2e.image import Image, build_agent_image
-from e2e.image.builder import builder
+from testbed.image import Image, build_agent_image, image_blocker
+from testbed.image.builder import builder
 
 # On a fresh machine the first build makes the image's base too (./dev test does it before
 # pytest).

@@ -1,6 +1,6 @@
 """The product as users run it: ``helm install`` of the chart's Deployment, from the image
 ``./dev image`` builds, in clusters with a real node each (kubelet and containerd,
-:mod:`e2e.realnode`); then, on that installation, what users do and what they live through.
+:mod:`testbed.realnode`); then, on that installation, what users do and what they live through.
 
 - This machine's settings untouched while real nodes run pods.
 - Two agent pods per cluster on the real node, as uid 65532 on a read-only root filesystem,
@@ -34,15 +34,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.incluster import InClusterInstallation
-from e2e.cluster.install import NAMESPACE, RELEASE
-from e2e.host import machine_settings
-from e2e.kubectl import CommandError, Kubectl
-from e2e.realnode import HOST_ADDRESS, REAL_NODE_KEY
-from e2e.test_scheduling import (
-    PREFIX,
+from e2e.scenarios import (
     REGION,
+    SOURCE,
+    TARGET,
     all_running,
     delegates,
     nginx,
@@ -50,7 +45,13 @@ from e2e.test_scheduling import (
     proxies,
     running_and_ready,
 )
-from e2e.topology import SOURCE, TARGET
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, wait_for
+from testbed.host import machine_settings
+from testbed.incluster import InClusterInstallation
+from testbed.install import NAMESPACE, RELEASE
+from testbed.kubectl import CommandError, Kubectl
+from testbed.realnode import HOST_ADDRESS, REAL_NODE_KEY
 
 # On a fresh machine the module's set-up builds kubelet, containerd and the image first (./dev
 # test does it before pytest).

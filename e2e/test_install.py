@@ -15,11 +15,11 @@ import urllib.request
 import pytest
 import yaml
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import CHART, NAMESPACE, RELEASE, Installation
-from e2e.kubectl import Kubectl
 from multicluster_scheduler import agent
 from multicluster_scheduler.api.ingresses import ClassPolicy, IngressPolicy
+from testbed import TestBed, wait_for
+from testbed.install import CHART, NAMESPACE, RELEASE, Installation
+from testbed.kubectl import Kubectl
 
 CONTEXTS = ("cluster1", "cluster2")
 

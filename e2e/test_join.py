@@ -6,45 +6,31 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import NAMESPACE as RELEASE_NAMESPACE
-from e2e.cluster.install import Installation
-from e2e.cluster.testbed import free_ports
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import delegates, nginx, nothing_left, proxies, running_and_ready
-from e2e.topology import disconnect, grant_source
+from e2e.scenarios import (
+    cli,
+    delegates,
+    disconnect,
+    grant_source,
+    join,
+    nginx,
+    nothing_left,
+    proxies,
+    running_and_ready,
+)
+from testbed import TestBed, wait_for
+from testbed.bed import free_ports
+from testbed.install import NAMESPACE as RELEASE_NAMESPACE
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 SOURCE, TARGET = "cluster1", "cluster2"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cli(kubeconfig: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The console script as users run it (``python -m`` of the same entry point)."""
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "multicluster_scheduler.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=dict(os.environ) | {"KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT)},
-        check=False,
-    )
-    print(f"$ multicluster-scheduler {' '.join(args)}  ({time.monotonic() - started:.1f}s)")
-    if proc.stdout.startswith("apiVersion: v1\nkind: Secret"):
-        print(f"(a Secret manifest, {len(proc.stdout)} bytes)")  # it holds a token
-    else:
-        print(proc.stdout, end="")
-    print(proc.stderr, end="")
-    return proc
 
 
 def ready_condition(kubectl: Kubectl, name: str, namespace: str) -> dict:
@@ -219,18 +205,6 @@ def test_export_of_a_missing_service_account_says_what_to_do(
     assert proc.stderr == (
         f"error: service account {namespace}/ghost not found in context {TARGET}: create a "
         f"Source for it (the agent makes it) or create it yourself\n"
-    )
-
-
-def join(testbed: TestBed, *args: str, kubeconfig: Path | None = None):
-    return cli(
-        kubeconfig or testbed.kubeconfig,
-        "join",
-        "--source-context",
-        SOURCE,
-        "--target-context",
-        TARGET,
-        *args,
     )
 
 

@@ -24,21 +24,20 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.test_join import join
-from e2e.topology import SOURCE, TARGET, kubeconfig_for
+from e2e.scenarios import SOURCE, TARGET, join, kubeconfig_for
 from multicluster_scheduler.api.keepalive import (
     AWAY,
     LEGACY_HEARTBEAT_LABEL,
     RECREATED,
     heartbeat_name,
 )
+from multicluster_scheduler.api.keys import PREFIX
 from multicluster_scheduler.api.proxy import delegate_name
 from multicluster_scheduler.targets.keeper import LOOK_EVERY
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
-PREFIX = "multicluster.admiralty.io/"
 GROUP = "multicluster.admiralty.io/v1alpha1"
 ENABLED = "multicluster-scheduler=enabled"
 UNDONE_WITHIN = AWAY + 3 * LOOK_EVERY + 15  # a deletion the keeper would undo is undone by then

@@ -21,11 +21,17 @@ import time
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.kubectl import Kubectl
-from e2e.test_faults import restart_api_server
-from e2e.test_scheduling import REGION, guide, proxies, regions, running_and_ready  # noqa: F401
-from e2e.topology import SOURCE, TARGET, node_ready
+from e2e.scenarios import (
+    REGION,
+    SOURCE,
+    TARGET,
+    node_ready,
+    proxies,
+    restart_api_server,
+    running_and_ready,
+)
+from testbed import TestBed, wait_for
+from testbed.kubectl import Kubectl
 
 POD = "debug-me"
 
@@ -50,7 +56,7 @@ spec:
 
 
 @pytest.fixture
-def placed(guide, regions, kubectl: Kubectl):  # noqa: F811
+def placed(guide, regions, kubectl: Kubectl):
     """The elected pod, running, its delegate in cluster2; (namespace, proxy, target node)."""
     namespace, nodes = guide
     kubectl.apply(SOURCE, elected_pod(), "-n", namespace)

@@ -15,8 +15,6 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from e2e.cluster import TestBed
-from e2e.cluster.testbed import kubeconfig
 from multicluster import Cluster, Resource
 from multicluster.resources import CERTIFICATE_SIGNING_REQUESTS, CLUSTER_ROLE_BINDINGS
 from multicluster_scheduler.virtual_kubelet.serving import (
@@ -26,6 +24,8 @@ from multicluster_scheduler.virtual_kubelet.serving import (
     KubeletCertificates,
 )
 from multicluster_scheduler.webhook.certificates import new_ca
+from testbed import TestBed
+from testbed.bed import kubeconfig
 
 CLUSTER = "cluster1"
 NODE = "mcs-e2e-virtual-node"

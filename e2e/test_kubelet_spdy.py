@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.cluster import TestBed
-from e2e.kubectl import Kubectl
+from e2e.scenarios import SOURCE
 from e2e.test_kubelet_api import (  # noqa: F401  (tests and fixtures run here too)
     placed,
     test_errors_read_well,
@@ -16,13 +15,13 @@ from e2e.test_kubelet_api import (  # noqa: F401  (tests and fixtures run here t
     test_kubectl_exec_runs_there_with_output_and_exit_code,
     test_kubectl_logs_returns_the_delegates_output,
 )
-from e2e.test_scheduling import guide, regions  # noqa: F401
-from e2e.topology import SOURCE
+from testbed import TestBed
+from testbed.kubectl import Kubectl
 
 
 @pytest.fixture(scope="module")
 def installation(testbed: TestBed):
-    from e2e.cluster.install import Installation
+    from testbed.install import Installation
 
     install = Installation(testbed, agent_args=("--kubelet-websockets=false",))
     install.install()

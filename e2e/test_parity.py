@@ -9,19 +9,19 @@ from __future__ import annotations
 import json
 import time
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import (  # noqa: F401 (guide is a fixture)
+from e2e.scenarios import (
     REAL_NODES,
+    SOURCE,
+    TARGET,
     all_running,
     condition,
     delegates,
-    guide,
     live,
     nginx,
     proxies,
 )
-from e2e.topology import SOURCE, TARGET
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
 TAINT = "maintenance=now:NoSchedule"
 
@@ -42,7 +42,7 @@ def pending_messages(kubectl: Kubectl, namespace: str) -> list[str]:
     ]
 
 
-def test_a_cordoned_or_tainted_virtual_node_takes_no_new_pods(guide, kubectl: Kubectl):  # noqa: F811
+def test_a_cordoned_or_tainted_virtual_node_takes_no_new_pods(guide, kubectl: Kubectl):
     namespace, (c1, c2) = guide
     try:
         kubectl(SOURCE, "cordon", c2)
@@ -86,7 +86,7 @@ def node_labels(kubectl: Kubectl, node: str) -> dict[str, str]:
     return kubectl.json(SOURCE, "get", "node", node)["metadata"].get("labels") or {}
 
 
-def test_labels_a_targets_regexp_matches_stay_off_its_virtual_node(guide, kubectl: Kubectl):  # noqa: F811
+def test_labels_a_targets_regexp_matches_stay_off_its_virtual_node(guide, kubectl: Kubectl):
     """spec.excludedLabelsRegexp, as upstream: on key=value, unanchored unless anchored; the
     change applies without a restart; an invalid pattern excludes nothing and says why."""
     namespace, (_, c2) = guide
@@ -154,7 +154,7 @@ def deployment(name: str, replicas: int, annotations: dict[str, str], spec: dict
     }  # fmt: skip
 
 
-def test_what_a_proxy_pod_asks_of_virtual_nodes(guide, kubectl: Kubectl):  # noqa: F811
+def test_what_a_proxy_pod_asks_of_virtual_nodes(guide, kubectl: Kubectl):
     """Upstream's proxy-pod-scheduling-constraints (a PodSpec fragment for the proxy pod, judged
     on virtual nodes' labels) and use-constraints-from-spec-for-proxy-pod-scheduling (the pod's
     own constraints judged on virtual nodes, its delegates free of them)."""
@@ -187,7 +187,7 @@ def test_what_a_proxy_pod_asks_of_virtual_nodes(guide, kubectl: Kubectl):  # noq
     assert not [d for d in in_c2 if d["spec"].get("nodeSelector")]
 
 
-def test_labels_the_no_prefix_regexp_matches_reach_delegates_as_they_are(guide, kubectl: Kubectl):  # noqa: F811
+def test_labels_the_no_prefix_regexp_matches_reach_delegates_as_they_are(guide, kubectl: Kubectl):
     namespace, _ = guide
     manifest = deployment(
         "queued", 2,

@@ -12,145 +12,27 @@ import time
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.topology import SOURCE, TARGET, connect, disconnect
-
-PREFIX = "multicluster.admiralty.io/"
-PROXY_SCHEDULER = "admiralty-proxy"
-REAL_NODES = "virtual-kubelet.io/provider!=admiralty"
-REGION = "topology.kubernetes.io/region"
-
-
-def nginx(replicas: int = 10, name: str = "nginx", elect: bool = True) -> str:
-    """The guide's Deployment (its exact manifest when ``replicas`` is 10)."""
-    annotations = (
-        '\n      annotations:\n        multicluster.admiralty.io/elect: ""' if elect else ""
-    )
-    return f"""apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: {name}
-spec:
-  replicas: {replicas}
-  selector:
-    matchLabels:
-      app: {name}
-  template:
-    metadata:
-      labels:
-        app: {name}{annotations}
-    spec:
-      containers:
-      - name: nginx
-        image: nginx
-        resources:
-          requests:
-            cpu: 100m
-            memory: 32Mi
-        ports:
-        - containerPort: 80
-"""
-
-
-def pods(kubectl: Kubectl, context: str, namespace: str, *selector: str) -> list[dict]:
-    return kubectl.json(context, "get", "pods", "-n", namespace, *selector)["items"]
-
-
-def proxies(kubectl: Kubectl, namespace: str) -> list[dict]:
-    return [
-        p
-        for p in pods(kubectl, SOURCE, namespace)
-        if p["spec"].get("schedulerName") == PROXY_SCHEDULER
-    ]
-
-
-def delegates(kubectl: Kubectl, context: str, namespace: str) -> list[dict]:
-    found = pods(kubectl, context, namespace, "-l", PREFIX + "parent-uid")
-    return [d for d in found if not d["metadata"].get("deletionTimestamp")]
-
-
-def condition(pod: dict, kind: str) -> dict:
-    for c in pod.get("status", {}).get("conditions") or ():
-        if c["type"] == kind:
-            return c
-    return {}
-
-
-def running_and_ready(pod: dict) -> bool:
-    return (
-        pod.get("status", {}).get("phase") == "Running"
-        and condition(pod, "Ready").get("status") == "True"
-    )
-
-
-def live(items: list[dict]) -> list[dict]:
-    return [
-        p
-        for p in items
-        if not p["metadata"].get("deletionTimestamp")
-        and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
-    ]
-
-
-def all_running(kubectl: Kubectl, namespace: str, count: int) -> bool:
-    found = live(proxies(kubectl, namespace))
-    return len(found) == count and all(running_and_ready(p) for p in found)
-
-
-def nothing_left(kubectl: Kubectl, namespace: str) -> bool:
-    if proxies(kubectl, namespace):
-        return False
-    return not any(
-        pods(kubectl, context, namespace, "-l", PREFIX + "parent-uid")
-        for context in (SOURCE, TARGET)
-    )
-
-
-@pytest.fixture
-def guide(installation: Installation, testbed: TestBed, kubectl: Kubectl, namespace: str):
-    """Targets c1 (self) and c2 Ready in ``namespace``, which is enabled for elected pods."""
-    nodes = connect(kubectl, testbed, namespace)
-    kubectl(SOURCE, "label", "namespace", namespace, "multicluster-scheduler=enabled")
-    yield namespace, nodes
-    for kind in ("deployments", "jobs", "daemonsets", "pods"):
-        kubectl(SOURCE, "delete", kind, "--all", "-n", namespace, "--wait=false")
-    try:
-        wait_for(lambda: nothing_left(kubectl, namespace), 60, what="proxies and delegates gone")
-    finally:
-        disconnect(kubectl, namespace)
-
-
-@pytest.fixture
-def regions(kubectl: Kubectl):
-    """The guide's region labels: cluster1's nodes in us, cluster2's in eu."""
-    kubectl(SOURCE, "label", "nodes", "-l", REAL_NODES, f"{REGION}=us", "--overwrite")
-    kubectl(TARGET, "label", "nodes", "-l", REAL_NODES, f"{REGION}=eu", "--overwrite")
-    yield
-    for context in (SOURCE, TARGET):
-        kubectl(context, "label", "nodes", "-l", REAL_NODES, f"{REGION}-")
-
-
-def comparable_spec(spec: dict) -> dict:
-    """A pod spec without what the documented changes remove (COMPAT.md) and the target's own
-    admission and scheduler add again to any pod: its service-account token volume and mount,
-    the node, and the priority computed from the class."""
-    spec = json.loads(json.dumps(spec))
-    spec.pop("nodeName", None)
-    spec.pop("priority", None)
-    token = "/var/run/secrets/kubernetes.io/serviceaccount"
-    removed = set()
-    for container in spec["containers"]:
-        mounts = container.get("volumeMounts") or []
-        removed |= {m["name"] for m in mounts if m["mountPath"] == token}
-        container["volumeMounts"] = [m for m in mounts if m["mountPath"] != token]
-        if not container["volumeMounts"]:
-            del container["volumeMounts"]
-    spec["volumes"] = [v for v in spec.get("volumes") or () if v["name"] not in removed]
-    if not spec["volumes"]:
-        del spec["volumes"]
-    return spec
+from e2e.scenarios import (
+    REAL_NODES,
+    REGION,
+    SOURCE,
+    TARGET,
+    all_running,
+    comparable_spec,
+    condition,
+    delegates,
+    job_condition,
+    live,
+    nginx,
+    nothing_left,
+    pods,
+    proxies,
+    running_and_ready,
+)
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 
 def test_the_guides_deployment_runs_in_both_clusters_then_moves_to_eu(
@@ -236,14 +118,6 @@ spec:
         image: busybox
         command: [sh, -c, "exit {exit_code}"]
 """
-
-
-def job_condition(kubectl: Kubectl, namespace: str, name: str) -> str | None:
-    found = kubectl.json(SOURCE, "get", "job", name, "-n", namespace)
-    for c in found.get("status", {}).get("conditions") or ():
-        if c["type"] in ("Complete", "Failed") and c["status"] == "True":
-            return c["type"]
-    return None
 
 
 def test_elected_jobs_complete_or_fail_like_their_delegates(guide, kubectl: Kubectl):
@@ -499,8 +373,8 @@ def rollout_ratio(kubectl: Kubectl, namespace: str, attempt: int, replicas: int)
     ratio (the elected Deployment is left in place)."""
     native_namespace = f"{namespace}n{attempt}"
     kubectl(SOURCE, "create", "namespace", native_namespace)
-    small = nginx(replicas, name="rollout").replace("cpu: 100m", "cpu: 10m")
-    native_manifest = nginx(replicas, "rollout", elect=False).replace("cpu: 100m", "cpu: 10m")
+    small = nginx(replicas, name="rollout", cpu="10m")
+    native_manifest = nginx(replicas, "rollout", elect=False, cpu="10m")
     try:
         native = time_rollout(kubectl, SOURCE, native_namespace, native_manifest, replicas)
     finally:
@@ -520,6 +394,7 @@ def rollout_ratio(kubectl: Kubectl, namespace: str, attempt: int, replicas: int)
     return elected / native
 
 
+@pytest.mark.alone  # a ratio of two timings: measured with no other test running
 def test_elected_rollout_of_500_replicas_costs_little_more_than_a_native_one(
     more_nodes, guide, kubectl: Kubectl
 ):

@@ -23,31 +23,28 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import NAMESPACE as RELEASE_NAMESPACE
-from e2e.cluster.install import RELEASE, Installation
-from e2e.kubectl import Kubectl
-from e2e.manifests import guide
-from e2e.test_join import cli
-from e2e.test_scheduling import (
-    PREFIX,
-    all_running,
-    condition,
-    live,
-    nginx,
-    nothing_left,
-    proxies,
-)
-from e2e.topology import (
+from e2e.scenarios import (
     SOURCE,
     TARGET,
+    all_running,
+    cli,
+    condition,
     connect,
     disconnect,
     grant_source,
     kubeconfig_for,
+    live,
+    nginx,
     node_ready,
+    nothing_left,
+    proxies,
     secret,
 )
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, guide, wait_for
+from testbed.install import NAMESPACE as RELEASE_NAMESPACE
+from testbed.install import RELEASE, Installation
+from testbed.kubectl import Kubectl
 
 GROUP = "multicluster.admiralty.io/v1alpha1"
 ENABLED = "multicluster-scheduler=enabled"

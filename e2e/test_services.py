@@ -13,39 +13,25 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import all_running, delegates, nginx, nothing_left
-from e2e.topology import SOURCE, TARGET, connect, disconnect
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
+    all_running,
+    connect,
+    delegates,
+    disconnect,
+    endpoint_pods,
+    nginx,
+    nothing_left,
+    service,
+)
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
-PREFIX = "multicluster.admiralty.io/"
 FINALIZER = PREFIX + "multiclusterForegroundDeletion"
 FOREIGN = "metallb.universe.tf/ip-allocated-from-pool"
-
-
-def service(kubectl: Kubectl, context: str, namespace: str, name: str) -> dict | None:
-    proc = kubectl.run(context, "get", "service", name, "-n", namespace, "-o", "json", check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-
-def endpoint_pods(kubectl: Kubectl, context: str, namespace: str, name: str) -> set[str]:
-    """Names of the pods behind a Service, from its EndpointSlices."""
-    slices = kubectl.json(
-        context,
-        "get",
-        "endpointslices",
-        "-n",
-        namespace,
-        "-l",
-        f"kubernetes.io/service-name={name}",
-    )["items"]
-    return {
-        endpoint["targetRef"]["name"]
-        for item in slices
-        for endpoint in item.get("endpoints") or ()
-        if endpoint.get("targetRef")
-    }
 
 
 def manifest(*ports: int) -> str:

@@ -16,10 +16,9 @@ import urllib.request
 import pytest
 import yaml
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import CHART, NAMESPACE, RELEASE, Installation
-from e2e.kubectl import Kubectl
-from e2e.manifests import guide
+from testbed import TestBed, guide, wait_for
+from testbed.install import CHART, NAMESPACE, RELEASE, Installation
+from testbed.kubectl import Kubectl
 
 TARGET = "cluster2"
 FINALIZER = "multicluster.admiralty.io/multiclusterForegroundDeletion"

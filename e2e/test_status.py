@@ -17,25 +17,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.cluster.testbed import free_ports
-from e2e.kubectl import Kubectl
-from e2e.test_join import cli
-from e2e.test_scheduling import (
-    condition,
-    live,
-    nginx,
-    nothing_left,
-    proxies,
-    running_and_ready,
-)
+from e2e.scenarios import cli, condition, live, nginx, nothing_left, proxies, running_and_ready
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, wait_for
+from testbed.bed import free_ports
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 SOURCE, TARGET = "cluster1", "cluster2"
 NAMESPACE = "web"  # a fixed name: its output is what docs/reference.md shows
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-PREFIX = "multicluster.admiralty.io/"
 STATUS_ARGS = ("multicluster", "status", "--context", SOURCE, "-n", NAMESPACE)
 C1, C2, C3 = (f"admiralty-namespace-{NAMESPACE}-{name}" for name in ("c1", "c2", "c3"))
 

@@ -9,11 +9,10 @@ import time
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.test_join import cli
-from e2e.test_scheduling import nginx, proxies
+from e2e.scenarios import cli, nginx, proxies
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 SOURCE, TARGET = "cluster1", "cluster2"
 FINALIZER = "multicluster.admiralty.io/multiclusterForegroundDeletion"

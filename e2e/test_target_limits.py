@@ -20,77 +20,29 @@ import uuid
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
+    as_tenant,
+    disconnect,
+    grant_source,
+    grant_tenant,
+    kubeconfig_for,
+    tenant_target,
+    virtual_nodes,
+)
+from e2e.scenarios import target_ready as ready
 from e2e.test_install import render
-from e2e.topology import SOURCE, TARGET, disconnect, grant_source, kubeconfig_for, secret
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 GROUP = "multicluster.admiralty.io/v1alpha1"
-PREFIX = "multicluster.admiralty.io/"
 DEFAULT_LIMIT = 10  # the chart's targets.maxPerNamespace, and the agent's default
-TENANT = "tenant"
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def ready(target: dict) -> dict:
-    for condition in (target.get("status") or {}).get("conditions") or ():
-        if condition["type"] == "Ready":
-            return condition
-    return {}
-
-
-def as_tenant(kubectl: Kubectl, namespace: str, *args: str, stdin: str | None = None) -> str:
-    return kubectl(SOURCE, "--as", TENANT, "-n", namespace, *args, stdin=stdin)
-
-
-def grant_tenant(kubectl: Kubectl, namespace: str) -> None:
-    """A tenant of ``namespace`` in cluster1: Targets and Secrets there, nothing else."""
-    kubectl.apply(
-        SOURCE,
-        f"""apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: {TENANT}, namespace: {namespace}}}
-rules:
-  - apiGroups: [multicluster.admiralty.io]
-    resources: [targets]
-    verbs: [get, list, watch, create, update, patch, delete]
-  - apiGroups: [""]
-    resources: [secrets]
-    verbs: [get, list, watch, create, update, patch, delete]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {{name: {TENANT}, namespace: {namespace}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {TENANT}}}
-subjects: [{{kind: User, apiGroup: rbac.authorization.k8s.io, name: {TENANT}}}]
-""",
-    )
-    for verb, what in (("create", "nodes"), ("create", "clustertargets"), ("list", "targets -A")):
-        answer = kubectl.run(
-            SOURCE, "--as", TENANT, "auth", "can-i", verb, *what.split(), check=False
-        )
-        assert answer.stdout.strip() == "no", f"the tenant may {verb} {what}: not a tenant"
-
-
-def tenant_target(kubectl: Kubectl, namespace: str, config: str) -> None:
-    """The tenant's Secret and Target ``evil``, with kubeconfig ``config``."""
-    as_tenant(kubectl, namespace, "apply", "-f", "-",
-              stdin=json.dumps(secret("evil", namespace, {"config": config})))  # fmt: skip
-    target = {
-        "apiVersion": GROUP,
-        "kind": "Target",
-        "metadata": {"name": "evil", "namespace": namespace},
-        "spec": {"kubeconfigSecret": {"name": "evil"}},
-    }
-    as_tenant(kubectl, namespace, "apply", "-f", "-", stdin=json.dumps(target))
-
-
-def virtual_nodes(kubectl: Kubectl, namespace: str) -> list[dict]:
-    selector = f"{PREFIX}target-namespace={namespace}"
-    return kubectl.json(SOURCE, "get", "nodes", "-l", selector)["items"]
 
 
 def leases_of(kubectl: Kubectl, nodes: set[str]) -> set[str]:

@@ -8,11 +8,10 @@ import time
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.manifests import guide
-from e2e.topology import disconnect, grant_source, kubeconfig_for, node_ready, secret
+from e2e.scenarios import disconnect, grant_source, kubeconfig_for, node_ready, secret
+from testbed import TestBed, guide, wait_for
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 SOURCE, TARGET = "cluster1", "cluster2"
 PROVIDER = "virtual-kubelet.io/provider=admiralty"

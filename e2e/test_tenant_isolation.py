@@ -26,24 +26,28 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.cluster import TestBed, wait_for
-from e2e.cluster.install import NAMESPACE as RELEASE_NAMESPACE
-from e2e.cluster.install import Installation
-from e2e.kubectl import Kubectl
-from e2e.test_join import join
-from e2e.test_scheduling import (  # noqa: F401 (regions is a fixture)
-    PREFIX,
+from e2e.scenarios import (
     REGION,
+    SOURCE,
+    TARGET,
     all_running,
+    cluster_name,
     condition,
+    connect,
+    disconnect,
+    join,
     live,
     nginx,
+    node_ready,
     nothing_left,
     pods,
     proxies,
-    regions,
 )
-from e2e.topology import SOURCE, TARGET, connect, disconnect, node_ready
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import TestBed, wait_for
+from testbed.install import NAMESPACE as RELEASE_NAMESPACE
+from testbed.install import Installation
+from testbed.kubectl import Kubectl
 
 GROUP = "multicluster.admiralty.io/v1alpha1"
 ENABLED = "multicluster-scheduler=enabled"
@@ -81,12 +85,6 @@ def grant(kubectl: Kubectl, context: str, user: str, role: str, namespace: str) 
 
 def as_user(user: str) -> str:
     return f"--as={user}"
-
-
-def cluster_name(kubectl: Kubectl) -> str:
-    """The source's name on its delegates (the uid of its kube-system namespace): anyone can
-    read it on any delegate or copy."""
-    return kubectl.json(SOURCE, "get", "namespace", "kube-system")["metadata"]["uid"]
 
 
 def impostor(name: str, namespace: str, proxy: dict, source: str, **spec) -> dict:
@@ -603,7 +601,7 @@ def test_a_finalizer_put_on_a_service_copy_in_the_target_keeps_nothing_of_the_so
 def test_a_saved_manifest_written_by_hand_brings_no_secret_the_pod_does_not_use(
     installation: Installation,
     testbed: TestBed,
-    regions,  # noqa: F811
+    regions,
     kubectl: Kubectl,
     namespace: str,
 ):

@@ -9,9 +9,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from e2e.cluster import TestBed, wait_for
-from e2e.kubectl import Kubectl
 from multicluster.pki import CertificateAuthority
+from testbed import TestBed, wait_for
+from testbed.kubectl import Kubectl
 
 
 def pods_running(kubectl: Kubectl, context: str, namespace: str, selector: str) -> int:

@@ -8,23 +8,25 @@ from __future__ import annotations
 import json
 import re
 
-from e2e.cluster import wait_for
-from e2e.kubectl import Kubectl
-from e2e.test_scheduling import PREFIX, guide, live, running_and_ready  # noqa: F401
-from e2e.topology import SOURCE, TARGET
-from e2e.workloads import (
+from e2e.scenarios import (
+    SOURCE,
+    TARGET,
     PodEvents,
     delegates_of,
     finished,
     get,
     job,
+    live,
     pod_template,
     proxies_of,
     ready,
     replicated,
+    running_and_ready,
     timed,
-    workloads_fixture,  # noqa: F401
 )
+from multicluster_scheduler.api.keys import PREFIX
+from testbed import wait_for
+from testbed.kubectl import Kubectl
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 FIELD = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from e2e.bench.webhook import (
+from bench.webhook import (
     API_SERVER_IDLE,
     apiserver_webhook_histogram,
     bursts,

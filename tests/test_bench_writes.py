@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from e2e.bench.writes import over_idle, parse_requests, writes_per_pod
+from bench.writes import over_idle, parse_requests, writes_per_pod
 
 
 def sample(
@@ -71,7 +71,7 @@ def test_cpu_over_idle_takes_away_what_each_component_spends_at_rest() -> None:
 
 
 def test_the_report_judges_the_machine_cpu_over_a_pods_life() -> None:
-    from e2e.bench.report import rows
+    from bench.report import rows
 
     life = {"machine": 60.0, "kube-apiserver": 30.0, "agent": 6.0}
     writes = {

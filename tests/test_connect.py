@@ -16,7 +16,6 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from e2e.manifests import guide
 from multicluster import ClusterConfig
 from multicluster.errors import Forbidden, NotFound, Unauthorized, Unreachable, error_for
 from multicluster.pki import CertificateAuthority
@@ -53,6 +52,7 @@ from multicluster_scheduler.connect.kubeconfig import (
 from multicluster_scheduler.connect.problems import ConnectError, explain
 from multicluster_scheduler.connect.remote import Context, read_context
 from multicluster_scheduler.connect.unjoin import unjoin
+from testbed import guide
 
 CA = CertificateAuthority.new("context-ca", path_length=None).cert_pem
 OTHER_CA = CertificateAuthority.new("token-ca", path_length=None).cert_pem

@@ -8,8 +8,6 @@ import time
 
 import pytest
 
-from e2e.cluster import TestBed
-from e2e.cluster.testbed import kubeconfig
 from multicluster import (
     AlreadyExists,
     Client,
@@ -24,6 +22,8 @@ from multicluster import (
 )
 from multicluster.pki import CertificateAuthority
 from multicluster.resources import CONFIGMAPS, NODES, PODS
+from testbed import TestBed
+from testbed.bed import kubeconfig
 
 
 def configmap(name: str, namespace: str, **data: str) -> dict:

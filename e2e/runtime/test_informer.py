@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from e2e.cluster import TestBed
-from e2e.netproxy import TcpProxy
 from multicluster import Cluster, ClusterConfig, Informer, index_by_label, metrics
 from multicluster.informer import ADDED, DELETED, MODIFIED
 from multicluster.resources import CONFIGMAPS
+from testbed import TestBed
+from testbed.netproxy import TcpProxy
 
 
 def configmap(name: str, namespace: str, **labels: str) -> dict:

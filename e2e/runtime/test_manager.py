@@ -12,8 +12,6 @@ from collections import Counter
 import aiohttp
 import pytest
 
-from e2e.cluster import TestBed
-from e2e.netproxy import TcpProxy
 from multicluster import (
     Cluster,
     ClusterConfig,
@@ -25,6 +23,8 @@ from multicluster import (
     Result,
 )
 from multicluster.resources import CONFIGMAPS
+from testbed import TestBed
+from testbed.netproxy import TcpProxy
 
 
 def configmap(name: str, namespace: str) -> dict:

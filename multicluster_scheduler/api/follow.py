@@ -1,5 +1,5 @@
 """Config maps and secrets that follow delegates: which ones a pod uses, and what their copies in
-a target look like (COMPAT.md, "Config maps and secrets that follow a delegate").
+a target look like (docs/follow.md; docs/reference.md, "What the agent writes in target clusters").
 
 A copy has the source object's name, namespace, data, type and user labels and annotations, plus
 parent references (annotations) and the source's uid (label ``parent-uid``, by which copies are

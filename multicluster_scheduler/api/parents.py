@@ -1,5 +1,6 @@
 """Objects a source cluster keeps in its targets (delegates' config maps and secrets, service
-copies) name their original by parent-reference annotations (COMPAT.md)."""
+copies) name their original by parent-reference annotations (docs/reference.md, "What the agent
+writes in target clusters")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Services and proxy pods: when a Service is rerouted to delegates, and what its copies in
-targets look like (COMPAT.md, "Well-known keys": global services).
+targets look like (docs/reference.md, "Labels, annotations and finalizers": global services).
 
 A proxy pod never serves traffic, so a Service whose selector matches proxy pods is *rerouted*:
 its selector is rewritten to the prefixed keys that delegates carry, the selector before the

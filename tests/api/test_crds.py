@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from e2e.manifests import guide
 from multicluster_scheduler.api import crds
 from multicluster_scheduler.api.v1alpha1 import ClusterSource, ClusterTarget, Source, Target
+from testbed import guide
 
 
 def test_committed_crds_match_the_models():

@@ -1,5 +1,5 @@
-"""Config maps and secrets that follow delegates (COMPAT.md): which ones a pod uses, what a copy
-looks like, and when a copy is current — without a cluster."""
+"""Config maps and secrets that follow delegates (docs/follow.md): which ones a pod uses, what a
+copy looks like, and when a copy is current — without a cluster."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""COMPAT.md's naming vectors, and the properties the rule exists for."""
+"""The naming rule of docs/reference.md ("Names the agent gives") on known vectors, and the
+properties the rule exists for."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Proxy pods and their delegates (COMPAT.md, "Delegate pod built from the manifest"): how a
+"""Proxy pods and their delegates (docs/scheduling.md, "From proxy pod to delegate"): how a
 delegate is built from the saved manifest, named, and found again, without a cluster."""
 
 from __future__ import annotations

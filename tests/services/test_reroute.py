@@ -1,4 +1,4 @@
-"""Rerouting (COMPAT.md, global services): a Service that selects proxy pods selects their
+"""Rerouting (docs/services.md, rerouting): a Service that selects proxy pods selects their
 delegates instead, stays so when its manifest is applied again, and never flaps."""
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from e2e.cluster.__main__ import parse_specs
-from e2e.cluster.testbed import free_ports, kubeconfig
 from multicluster.pki import CertificateAuthority
+from testbed.__main__ import parse_specs
+from testbed.bed import free_ports, kubeconfig
 
 
 def _args(**overrides) -> argparse.Namespace:
@@ -103,10 +103,10 @@ def test_free_ports_are_distinct():
 
 
 def test_the_chart_values_for_real_nodes_match_their_label_and_taint():
-    """The file users copy (`-f e2e/realnode/chart-values.yaml`) and what the in-cluster tests
+    """The file users copy (`-f testbed/realnode/chart-values.yaml`) and what the in-cluster tests
     install are one, and name the label and taint that real nodes register with."""
-    from e2e.cluster.incluster import chart_values, install_command
-    from e2e.realnode import REAL_NODE_KEY
+    from testbed.incluster import chart_values, install_command
+    from testbed.realnode import REAL_NODE_KEY
 
     values = chart_values("localhost/multicluster-scheduler:0.1.0-abc")
     assert values["image"] == {"repository": "localhost/multicluster-scheduler", "tag": "0.1.0-abc"}
@@ -115,5 +115,5 @@ def test_the_chart_values_for_real_nodes_match_their_label_and_taint():
         {"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}
     ]
     command = install_command("localhost/multicluster-scheduler:0.1.0-abc", ["c1", "c2"])
-    assert "-f e2e/realnode/chart-values.yaml" in command
+    assert "-f testbed/realnode/chart-values.yaml" in command
     assert command.endswith("--set image.tag=0.1.0-abc\ndone")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from e2e.image import builder
+from testbed.image import builder
 
 ROOT = Path(__file__).resolve().parents[2]
 

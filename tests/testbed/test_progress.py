@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import time
 
-from e2e.progress import CLEAR, progress
+from testbed.progress import CLEAR, progress
 
 
 class Terminal(io.StringIO):

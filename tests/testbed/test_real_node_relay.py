@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from e2e.realnode.relay import Dialer, EgressProxy, Forwarder
+from testbed.realnode.relay import Dialer, EgressProxy, Forwarder
 
 
 def plain_socket() -> socket.socket:

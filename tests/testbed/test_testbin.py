@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from e2e.testbin import builder as testbin
+from testbed.testbin import builder as testbin
 
 GOMOD = textwrap.dedent(
     """\

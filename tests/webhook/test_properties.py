@@ -2,8 +2,8 @@
 directly with generated requests: whatever arrives (any method, path, body, split into any
 chunks), the answer is never a 5xx and always JSON; an AdmissionReview of a pod is always
 answered for its uid; an elected pod is refused with a reason or admitted with a patch that is
-valid RFC 6902, applies cleanly, makes the proxy pod COMPAT.md describes, and is not patched
-again when the API server reinvokes the webhook, even after another webhook changed the pod.
+valid RFC 6902, applies cleanly, makes the proxy pod docs/scheduling.md describes, and is not
+patched again when the API server reinvokes the webhook, even after another webhook changed the pod.
 
 ``test_mutation.py`` checks ``mutation_patch`` itself on arbitrary pod-like objects; here the
 pods look like those users create (labels that collide once prefixed, existing finalizers,
@@ -217,7 +217,7 @@ pods = st.fixed_dictionaries(
 
 
 def assert_proxy(proxy: dict, pod: dict) -> None:
-    """COMPAT.md, "Webhook mutation of an elected pod"."""
+    """docs/scheduling.md, "From pod to proxy pod (the webhook)"."""
     meta, spec = proxy["metadata"], proxy["spec"]
     before_meta, before_spec = pod["metadata"], pod["spec"]
     saved = before_meta["annotations"].get(keys.SOURCEPOD_MANIFEST)
