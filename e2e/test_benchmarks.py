@@ -91,6 +91,7 @@ def test_the_benchmark_suite_runs_end_to_end_at_small_sizes(bin_dir: Path, tmp_p
     assert (tmp_path / "logs" / "cluster1" / "agent-0.log").exists()
 
 
+@pytest.mark.alone  # a ratio of two timings: measured with no other test running
 @pytest.mark.timeout(1500)
 def test_a_burst_in_one_namespace_does_not_hold_up_another_namespaces_first_pods(
     bin_dir: Path, tmp_path: Path
