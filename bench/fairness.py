@@ -23,10 +23,10 @@ import time
 
 from multicluster import Cluster, Informer
 from multicluster.resources import DEPLOYMENTS, PODS
+from multicluster_scheduler.api.keys import PROXY_SCHEDULER_NAME
 
 from .bed import (
     PARENT_UID,
-    PROXY_SCHEDULER,
     SOURCE,
     BenchBed,
     PodTimes,
@@ -64,7 +64,7 @@ class Delegates:
             self.informers.append(informer)
 
     def _on_event(self, event: str, obj: dict, _old: dict | None, _initial: bool) -> None:
-        if event == "DELETED" or obj["spec"].get("schedulerName") == PROXY_SCHEDULER:
+        if event == "DELETED" or obj["spec"].get("schedulerName") == PROXY_SCHEDULER_NAME:
             return
         now = time.monotonic()
         parent = (obj["metadata"].get("labels") or {}).get(PARENT_UID)

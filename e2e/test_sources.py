@@ -175,11 +175,11 @@ def test_the_chart_turns_the_source_controller_on_and_off(bin_dir, enabled: bool
     # Off: only what lets Sources that carry our finalizer be deleted (the cleanup).
     assert verbs["sources"] == {"get", "list", "watch", "patch"}
     assert verbs["clusterrolebindings"] == {"list", "watch", "delete"}
-    # The keeper reads ClusterSources to know whose heartbeats count, and nothing more.
+    # The keeper reads ClusterSources to know whose heartbeats count, and the uid of the service
+    # account that wrote one; nothing more.
     assert verbs["clustersources"] == {"list", "watch"}
-    assert not {"sources/status", "clustersources/status", "serviceaccounts", "rolebindings"} & set(
-        verbs
-    )
+    assert verbs["serviceaccounts"] == {"get"}
+    assert not {"sources/status", "clustersources/status", "rolebindings"} & set(verbs)
     assert not any("bind" in rule["verbs"] for rule in role["rules"])
 
 
