@@ -19,8 +19,10 @@ from testbed.kubectl import Kubectl
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def demo_cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    """The entry point ``./dev demo`` and ``./dev down`` run (after setting up the venv)."""
+def demo_cli(*args: str, timeout: float = 420) -> subprocess.CompletedProcess:
+    """The entry point ``./dev demo`` and ``./dev down`` run (after setting up the venv). The
+    timeout is for a machine busy with other workers' beds: alone, ``up`` takes about a minute
+    (it prints how long)."""
     proc = subprocess.run(
         [sys.executable, "-m", "testbed.demo", *args],
         cwd=ROOT,
@@ -81,18 +83,18 @@ def test_demo_runs_nginx_across_two_clusters_and_down_leaves_nothing(demo_dir: P
 
     # Again while up: the same report, nothing restarted.
     pids = json.loads((demo_dir / "testbed.json").read_text())["pids"]
-    again = demo_cli("up", "--dir", str(demo_dir), timeout=60)
+    again = demo_cli("up", "--dir", str(demo_dir), timeout=180)
     assert again.returncode == 0, again.stderr
     assert "The demo is already running" in again.stdout
     assert "Where the 10 nginx delegates run" in again.stdout
     assert json.loads((demo_dir / "testbed.json").read_text())["pids"] == pids
 
-    down = demo_cli("down", "--dir", str(demo_dir), timeout=60)
+    down = demo_cli("down", "--dir", str(demo_dir), timeout=180)
     assert down.returncode == 0, down.stderr
     assert "Demo stopped" in down.stdout
     assert processes_under(demo_dir) == []
     assert not demo_dir.exists()
-    assert "No demo in" in demo_cli("down", "--dir", str(demo_dir), timeout=60).stdout
+    assert "No demo in" in demo_cli("down", "--dir", str(demo_dir), timeout=180).stdout
 
 
 # -- your clusters, played by the session's test bed ----------------------------------------------
