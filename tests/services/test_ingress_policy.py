@@ -253,7 +253,14 @@ def test_cluster_dns_names_of_another_namespace_are_found_alone_and_in_urls(
     "url",
     [
         "http://169.254.169.254/latest/meta-data",
-        "http://[fd00:ec2::254]/",  # not link-local: an address of the target's network
+        # Clouds' metadata services that are not link-local, and their names.
+        "http://[fd00:ec2::254]/latest/meta-data",
+        "http://100.100.100.200/latest/meta-data",
+        "http://metadata.google.internal/computeMetadata/v1/",
+        "http://metadata/computeMetadata/v1/",
+        "metadata.google.internal",
+        "http://instance-data/latest/meta-data",
+        "https://Metadata.Google.Internal./",
         "http://127.0.0.1:10250/pods",
         "http://localhost/",
         "http://[::ffff:169.254.169.254]/",
@@ -270,11 +277,8 @@ def test_cluster_dns_names_of_another_namespace_are_found_alone_and_in_urls(
 )
 def test_the_targets_own_node_and_metadata_service_are_found(url):
     found = outside_references(url, NS)
-    if "fd00" in url:
-        assert found == []
-    else:
-        assert len(found) == 1
-        assert "the target's own node" in found[0]
+    assert len(found) == 1
+    assert "the target's own node" in found[0]
 
 
 @pytest.mark.parametrize(
@@ -294,6 +298,8 @@ def test_the_targets_own_node_and_metadata_service_are_found(url):
         "0",  # a bare number is no address
         "2130706433",
         "1.5",
+        "metadata",  # a word, not a URL
+        "[fd00:ec2::1]:8080",
     ],
 )
 def test_values_that_stay_in_the_namespace_name_nothing_outside(value):
