@@ -115,9 +115,11 @@ def follows(ingress: dict, service: Callable[[str], dict | None]) -> bool:
 # modsecurity-snippet, HAProxy's config snippets...) would let whoever writes Ingresses in a
 # source namespace write the configuration of a target's ingress controller, which may read
 # every Secret there; URLs the controller calls or sends traffic to (auth-url, auth-signin,
-# mirror-target) would reach into the target's network. It guards operators who allow a whole
-# prefix (``nginx.ingress.kubernetes.io/*``).
-DEFAULT_REFUSED_ANNOTATIONS = r"(?i)snippet|auth-url|auth-signin|mirror-(target|host|uri)"
+# mirror-target) would reach into the target's network; ingress-nginx before 1.11.5 and 1.12.1
+# wrote auth-tls-match-cn into its configuration unchecked (CVE-2025-1097, as auth-url and the
+# mirror keys: CVE-2025-24514, CVE-2025-1098). It guards operators who allow a whole prefix
+# (``nginx.ingress.kubernetes.io/*``).
+DEFAULT_REFUSED_ANNOTATIONS = r"(?i)snippet|auth-url|auth-signin|auth-tls-match-cn|mirror-(target|host|uri)"
 # The older way of naming the class, which the class policy governs as it does the field.
 CLASS_ANNOTATION = "kubernetes.io/ingress.class"
 EVERY_HOST = "*"

@@ -132,6 +132,23 @@ def test_allowed_keys_are_whole_keys_with_star_for_any_run(patterns, key, allowe
     assert policy.annotation_allowed(key) is allowed
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        # ingress-nginx's configuration injections disclosed in March 2025 (IngressNightmare):
+        # each annotation was written into the controller's configuration unchecked, which let
+        # whoever wrote an Ingress run code in the controller, which reads every Secret.
+        "nginx.ingress.kubernetes.io/auth-tls-match-cn",  # CVE-2025-1097
+        "nginx.ingress.kubernetes.io/mirror-target",  # CVE-2025-1098
+        "nginx.ingress.kubernetes.io/mirror-host",  # CVE-2025-1098
+        "nginx.ingress.kubernetes.io/auth-url",  # CVE-2025-24514
+    ],
+)
+def test_by_default_a_whole_prefix_allowed_refuses_keys_that_injected_configuration(key):
+    policy = IngressPolicy(allowed_annotations=("nginx.ingress.kubernetes.io/*",))
+    assert policy.annotation_blocked(key)
+
+
 def test_the_refused_pattern_still_refuses_what_a_whole_prefix_allows():
     policy = IngressPolicy(
         allowed_annotations=("nginx.ingress.kubernetes.io/*",), allowed_hosts=("*",)
