@@ -119,7 +119,9 @@ def follows(ingress: dict, service: Callable[[str], dict | None]) -> bool:
 # wrote auth-tls-match-cn into its configuration unchecked (CVE-2025-1097, as auth-url and the
 # mirror keys: CVE-2025-24514, CVE-2025-1098). It guards operators who allow a whole prefix
 # (``nginx.ingress.kubernetes.io/*``).
-DEFAULT_REFUSED_ANNOTATIONS = r"(?i)snippet|auth-url|auth-signin|auth-tls-match-cn|mirror-(target|host|uri)"
+DEFAULT_REFUSED_ANNOTATIONS = (
+    r"(?i)snippet|auth-url|auth-signin|auth-tls-match-cn|mirror-(target|host|uri)"
+)
 # The older way of naming the class, which the class policy governs as it does the field.
 CLASS_ANNOTATION = "kubernetes.io/ingress.class"
 EVERY_HOST = "*"
@@ -429,12 +431,21 @@ def outside_references(value: str, namespace: str) -> list[str]:
 # -- refusals ------------------------------------------------------------------------------------
 
 
+# ingress-nginx's annotation (under whatever prefix it is configured with) that makes an Ingress
+# answer for more hosts: a comma-separated list of names, wildcards or regular expressions.
+SERVER_ALIAS = "/server-alias"
+
+
 def ingress_hosts(ingress: dict) -> list[str | None]:
     """The hosts an Ingress routes (None: every host): each rule's ``host`` (a rule without one
     takes every host), each TLS entry's ``hosts`` (an entry without any: the controller's
-    default, every host), and the default backend (every host no rule matches)."""
+    default, every host), the default backend (every host no rule matches), and the names of
+    ingress-nginx's ``server-alias`` annotation."""
     spec = ingress.get("spec")
     hosts: list[str | None] = []
+    for key, value in (ingress["metadata"].get("annotations") or {}).items():
+        if key.endswith(SERVER_ALIAS) and isinstance(value, str):
+            hosts.extend(name for name in _TOKENS.split(value) if name)
     for rule in _items(spec, "rules"):
         host = _field(rule, "host")
         hosts.append(host if isinstance(host, str) and host else None)

@@ -437,6 +437,22 @@ def test_every_host_an_ingress_routes_is_checked():
     assert refused(made, policy) == {(HOSTS, "(none: every host)"), (HOSTS, "bank.example.org")}
 
 
+def test_hosts_an_allowed_annotation_adds_must_be_allowed_hosts():
+    """Where ``nginx.ingress.kubernetes.io/*`` is allowed, ``server-alias`` made a copy answer
+    for hosts outside ``allowedHosts`` (another tenant's, say)."""
+    policy = IngressPolicy(
+        allowed_annotations=("nginx.ingress.kubernetes.io/*",),
+        allowed_hosts=("*.apps.example.com",),
+    )
+    key = "nginx.ingress.kubernetes.io/server-alias"
+    aliased = ingress(**{key: "shop.apps.example.com, bank.example.org,~^.*$"})
+    assert refused(aliased, policy) == {
+        (HOSTS, "bank.example.org"),
+        (HOSTS, "(not shown: not a name)"),
+    }
+    assert refused(ingress(**{key: "shop.apps.example.com"}), policy) == set()
+
+
 @pytest.mark.parametrize("pattern", ["*.", "*example.com", "Example.com", "a..b", "**", "a/b"])
 def test_host_patterns_that_are_not_names_are_refused(pattern):
     with pytest.raises(ValueError, match="not a lowercase host name"):
