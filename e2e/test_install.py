@@ -94,7 +94,7 @@ def test_the_ingress_values_become_the_agents_flags(bin_dir, tmp_path):
         )
     )
     assert [a for a in args if a.startswith("--ingress")] == [
-        "--ingress-refused-annotations=(?i)snippet|auth-url|auth-signin|mirror-(target|host|uri)",
+        "--ingress-refused-annotations=(?i)snippet|auth-url|auth-signin|auth-tls-match-cn|mirror-(target|host|uri)",
         "--ingress-allowed-annotation=nginx.ingress.kubernetes.io/rewrite-target",
         "--ingress-allowed-annotation=a.example/*",
         "--ingress-class-policy=rewrite",

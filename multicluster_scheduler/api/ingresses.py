@@ -115,9 +115,13 @@ def follows(ingress: dict, service: Callable[[str], dict | None]) -> bool:
 # modsecurity-snippet, HAProxy's config snippets...) would let whoever writes Ingresses in a
 # source namespace write the configuration of a target's ingress controller, which may read
 # every Secret there; URLs the controller calls or sends traffic to (auth-url, auth-signin,
-# mirror-target) would reach into the target's network. It guards operators who allow a whole
-# prefix (``nginx.ingress.kubernetes.io/*``).
-DEFAULT_REFUSED_ANNOTATIONS = r"(?i)snippet|auth-url|auth-signin|mirror-(target|host|uri)"
+# mirror-target) would reach into the target's network; ingress-nginx before 1.11.5 and 1.12.1
+# wrote auth-tls-match-cn into its configuration unchecked (CVE-2025-1097, as auth-url and the
+# mirror keys: CVE-2025-24514, CVE-2025-1098). It guards operators who allow a whole prefix
+# (``nginx.ingress.kubernetes.io/*``).
+DEFAULT_REFUSED_ANNOTATIONS = (
+    r"(?i)snippet|auth-url|auth-signin|auth-tls-match-cn|mirror-(target|host|uri)"
+)
 # The older way of naming the class, which the class policy governs as it does the field.
 CLASS_ANNOTATION = "kubernetes.io/ingress.class"
 EVERY_HOST = "*"
@@ -323,6 +327,23 @@ def _host_of(token: str) -> str | None:
 _SHORTHAND_IPV4 = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}")
 
 
+# Clouds' metadata services that are neither loopback nor link-local (AWS's over IPv6, on Nitro
+# instances; Alibaba Cloud's), and the names their resolvers give them (GCE's, AWS's, Tencent
+# Cloud's). A bare ``metadata`` (GCE's resolvers add the rest) counts in a URL only.
+_METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200")
+)
+_METADATA_NAMES = frozenset(
+    {
+        "metadata.google.internal",
+        "metadata.goog",
+        "instance-data",
+        "instance-data.ec2.internal",
+        "metadata.tencentyun.com",
+    }
+)
+
+
 def _address(name: str, shorthand: bool) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """The address ``name`` is, if it is one; with ``shorthand``, in the forms of
     :data:`_SHORTHAND_IPV4` too (not for a bare number, which an annotation's value often is)."""
@@ -342,7 +363,9 @@ def _host_outside(host: str, namespace: str, in_url: bool = False) -> str | None
     """What a host name or address names outside ``namespace``: a Service or pod of another
     namespace by its cluster DNS name (``<name>.<namespace>.svc[.<domain>]``), or the target's
     own node or its cloud's metadata service (loopback, link-local, unspecified addresses, also
-    written short, as resolvers read them, in a URL or with a dot: ``http://127.1/``)."""
+    written short, as resolvers read them, in a URL or with a dot: ``http://127.1/``; the
+    metadata services of clouds that are neither, and their names: ``http://[fd00:ec2::254]/``,
+    ``http://metadata.google.internal/``)."""
     name = host.lower().removesuffix(".")
     labels = name.split(".")
     for i, label in enumerate(labels):
@@ -350,12 +373,19 @@ def _host_outside(host: str, namespace: str, in_url: bool = False) -> str | None
             return f"namespace {shown(labels[i - 1])} ({shown(name)})"
     if name == "localhost" or name.endswith(".localhost"):
         return f"the target's own node ({name})"
+    if name in _METADATA_NAMES or (in_url and name == "metadata"):
+        return f"the target's own node or its cloud's metadata service ({shown(name)})"
     address = _address(name, in_url or "." in name)
     if address is None:
         return None
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    if address.is_loopback or address.is_link_local or address.is_unspecified:
+    if (
+        address.is_loopback
+        or address.is_link_local
+        or address.is_unspecified
+        or address in _METADATA_ADDRESSES
+    ):
         return f"the target's own node or its cloud's metadata service ({address})"
     return None
 
@@ -401,12 +431,21 @@ def outside_references(value: str, namespace: str) -> list[str]:
 # -- refusals ------------------------------------------------------------------------------------
 
 
+# ingress-nginx's annotation (under whatever prefix it is configured with) that makes an Ingress
+# answer for more hosts: a comma-separated list of names, wildcards or regular expressions.
+SERVER_ALIAS = "/server-alias"
+
+
 def ingress_hosts(ingress: dict) -> list[str | None]:
     """The hosts an Ingress routes (None: every host): each rule's ``host`` (a rule without one
     takes every host), each TLS entry's ``hosts`` (an entry without any: the controller's
-    default, every host), and the default backend (every host no rule matches)."""
+    default, every host), the default backend (every host no rule matches), and the names of
+    ingress-nginx's ``server-alias`` annotation."""
     spec = ingress.get("spec")
     hosts: list[str | None] = []
+    for key, value in (ingress["metadata"].get("annotations") or {}).items():
+        if key.endswith(SERVER_ALIAS) and isinstance(value, str):
+            hosts.extend(name for name in _TOKENS.split(value) if name)
     for rule in _items(spec, "rules"):
         host = _field(rule, "host")
         hosts.append(host if isinstance(host, str) and host else None)

@@ -45,6 +45,11 @@ from .v1alpha1 import MAX_HEARTBEAT_DELEGATES
 AWAY = 60.0  # seconds without a heartbeat after a delegate went: its source is away
 HEARTBEAT_PERIOD = 20.0  # how often a source renews its heartbeats
 MAX_DELEGATES = MAX_HEARTBEAT_DELEGATES  # listed in one heartbeat (one source, one namespace)
+# What the target's agent holds of a listed delegate to create it again: its labels, annotations
+# and spec, serialized. Whoever may edit pods in its namespace may add labels and annotations to
+# it (they count no generation), up to the 1.5 MB of an object: without a bound, the delegates
+# of one namespace would hold gigabytes of the agent's memory, which serves every namespace.
+MAX_HELD_BYTES = 64 * 1024
 RECREATED = keys.PREFIX + "recreated-while-source-away"  # annotation: when (RFC 3339)
 # The previous release's heartbeats were Leases with this label: a source of this release
 # deletes its own (an agent of that release takes a Lease no longer renewed for a source away
@@ -159,8 +164,9 @@ def unchanged(pod: dict) -> bool | None:
 def slim(pod: dict, cluster_name: str, listed: bool = False) -> dict:
     """What the target's cache holds of a pod with a ``parent-uid`` label: its name and uid,
     and for a keepable delegate its source and whether its spec is unchanged; for one its
-    source lists (``listed``), what recreating it needs too: its labels and annotations, and its
-    spec serialized (far smaller than parsed)."""
+    source lists (``listed``), what recreating it needs too: its labels, annotations and spec,
+    serialized (far smaller than parsed), :data:`MAX_HELD_BYTES` at most (past that, only how
+    large they were)."""
     meta = pod["metadata"]
     held: dict = {
         "metadata": {
@@ -172,8 +178,14 @@ def slim(pod: dict, cluster_name: str, listed: bool = False) -> dict:
         held["source"] = source
         held["unchanged"] = unchanged(pod)
         if listed:
-            held["metadata"] |= {k: meta[k] for k in ("labels", "annotations") if k in meta}
-            held["spec"] = orjson.dumps(pod.get("spec") or {})
+            kept = {k: meta[k] for k in ("labels", "annotations") if k in meta}
+            labelled = orjson.dumps(kept)
+            spec = orjson.dumps(pod.get("spec") or {})
+            if len(labelled) + len(spec) > MAX_HELD_BYTES:
+                held["too_large"] = len(labelled) + len(spec)
+            else:
+                held["labelled"] = labelled
+                held["spec"] = spec
     return held
 
 
@@ -182,10 +194,11 @@ def recreated(held: dict, now: str) -> dict:
     labels, annotations and spec, not bound to the node it ran on (the target's scheduler
     places it again)."""
     meta = held["metadata"]
+    kept = orjson.loads(held["labelled"])
     spec = orjson.loads(held["spec"])
     for assigned in ("nodeName", "ephemeralContainers", "priority"):  # refused on create
         spec.pop(assigned, None)
-    annotations = dict(meta.get("annotations") or {})
+    annotations = dict(kept.get("annotations") or {})
     annotations[RECREATED] = now
     return {
         "apiVersion": "v1",
@@ -193,7 +206,7 @@ def recreated(held: dict, now: str) -> dict:
         "metadata": {
             "name": meta["name"],
             "namespace": meta["namespace"],
-            "labels": dict(meta.get("labels") or {}),
+            "labels": dict(kept.get("labels") or {}),
             "annotations": annotations,
         },
         "spec": spec,
@@ -290,6 +303,11 @@ def refusal(gone: dict, heartbeat: Heartbeat, writer_known: bool) -> str | None:
         return (
             f"source {source} does not list it among the delegates it created here (a pod made "
             "by someone else, or one recreated once already)"
+        )
+    if "too_large" in gone:
+        return (
+            f"its labels, annotations and spec were {gone['too_large']} bytes, over the "
+            f"{MAX_HELD_BYTES} this cluster holds of a delegate to create it again"
         )
     if "spec" not in gone:
         return "it went while this cluster's agent was not watching, its spec unseen"

@@ -16,6 +16,12 @@ and their delegates are deleted as orphans when the target is back.
 
 An Argo workflow step's task result (its outputs) is brought back from the target before its
 proxy pod is shown finished (:mod:`.argo`).
+
+Annotations the target adds to a delegate are mirrored on its proxy pod (:mod:`.status`): the
+first writes at once, each further one of the same proxy pod later and later (1 s, 2 s, 4 s…
+up to 5 minutes, :class:`~multicluster.ratelimit.RepeatBackoff`), so that whoever may annotate
+pods in a target's namespace does not make this cluster rewrite a proxy pod (its saved manifest
+with it) at their pace. Its status is mirrored at once, always.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from multicluster import (
 from multicluster.events import EventRecorder
 from multicluster.gc import has_finalizer
 from multicluster.informer import DELETED
+from multicluster.ratelimit import RepeatBackoff
 from multicluster.resources import PODS
 
 from ..api import keys
@@ -56,6 +63,8 @@ from .argo import NOT_COPIED, TaskResults
 from .status import annotation_patch, status_patch
 
 log = logging.getLogger(__name__)
+ANNOTATIONS_BACKOFF = 1.0  # then doubling, per proxy pod
+ANNOTATIONS_BACKOFF_CAP = 300.0
 NODE_INDEX = "node"
 VIRTUAL_NODE_PREFIX = "admiralty-"
 REFUSED_REASON = "NotProxyPod"
@@ -243,6 +252,10 @@ class BoundProxies:
         self.local = pods.local
         self.events = pods.events
         self.task_results = pods.task_results
+        # Writes of mirrored annotations, by proxy pod uid.
+        self.annotation_writes: RepeatBackoff[str] = RepeatBackoff(
+            ANNOTATIONS_BACKOFF, ANNOTATIONS_BACKOFF_CAP
+        )
 
     async def reconcile(self, request: Request) -> Result | None:
         proxy = self.proxies.get(request.name, request.namespace)
@@ -290,13 +303,16 @@ class BoundProxies:
             if not here and not is_terminal(proxy):
                 await self.ending.lost(proxy, connection)
             return None
-        await self._mirror(proxy, connection, delegate)
-        return None
+        return await self._mirror(proxy, connection, delegate)
 
-    async def _mirror(self, proxy: dict, connection: TargetConnection, delegate: dict) -> None:
+    async def _mirror(
+        self, proxy: dict, connection: TargetConnection, delegate: dict
+    ) -> Result | None:
         meta = proxy["metadata"]
         annotations = annotation_patch(proxy, delegate)
-        if annotations:
+        later = self.annotation_writes.wait(meta["uid"]) if annotations else 0.0
+        if annotations and not later:
+            self.annotation_writes.happened(meta["uid"])
             try:
                 await self.local.client.patch(
                     PODS,
@@ -312,11 +328,12 @@ class BoundProxies:
                     f"annotations of delegate {delegate['metadata']['name']} in target "
                     f"{connection.name} were refused here: {error}",
                 )
+        result = Result(requeue_after=later) if later else None
         if is_terminal(proxy):
-            return  # a terminal phase is final
+            return result  # a terminal phase is final
         patch = status_patch(proxy, delegate)
         if not patch:
-            return
+            return result
         if is_terminal(delegate):  # Argo reads a step's outputs when it sees its pod finished
             problem = await self.task_results.carry(proxy, connection)
             if problem:
@@ -333,6 +350,7 @@ class BoundProxies:
                 f"delegate {delegate['metadata']['name']} was evicted from target "
                 f"{connection.name}: {status.get('message') or 'no reason given'}",
             )
+        return result
 
 
 class OrphanDelegates:

@@ -132,6 +132,23 @@ def test_allowed_keys_are_whole_keys_with_star_for_any_run(patterns, key, allowe
     assert policy.annotation_allowed(key) is allowed
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        # ingress-nginx's configuration injections disclosed in March 2025 (IngressNightmare):
+        # each annotation was written into the controller's configuration unchecked, which let
+        # whoever wrote an Ingress run code in the controller, which reads every Secret.
+        "nginx.ingress.kubernetes.io/auth-tls-match-cn",  # CVE-2025-1097
+        "nginx.ingress.kubernetes.io/mirror-target",  # CVE-2025-1098
+        "nginx.ingress.kubernetes.io/mirror-host",  # CVE-2025-1098
+        "nginx.ingress.kubernetes.io/auth-url",  # CVE-2025-24514
+    ],
+)
+def test_by_default_a_whole_prefix_allowed_refuses_keys_that_injected_configuration(key):
+    policy = IngressPolicy(allowed_annotations=("nginx.ingress.kubernetes.io/*",))
+    assert policy.annotation_blocked(key)
+
+
 def test_the_refused_pattern_still_refuses_what_a_whole_prefix_allows():
     policy = IngressPolicy(
         allowed_annotations=("nginx.ingress.kubernetes.io/*",), allowed_hosts=("*",)
@@ -253,7 +270,14 @@ def test_cluster_dns_names_of_another_namespace_are_found_alone_and_in_urls(
     "url",
     [
         "http://169.254.169.254/latest/meta-data",
-        "http://[fd00:ec2::254]/",  # not link-local: an address of the target's network
+        # Clouds' metadata services that are not link-local, and their names.
+        "http://[fd00:ec2::254]/latest/meta-data",
+        "http://100.100.100.200/latest/meta-data",
+        "http://metadata.google.internal/computeMetadata/v1/",
+        "http://metadata/computeMetadata/v1/",
+        "metadata.google.internal",
+        "http://instance-data/latest/meta-data",
+        "https://Metadata.Google.Internal./",
         "http://127.0.0.1:10250/pods",
         "http://localhost/",
         "http://[::ffff:169.254.169.254]/",
@@ -270,11 +294,8 @@ def test_cluster_dns_names_of_another_namespace_are_found_alone_and_in_urls(
 )
 def test_the_targets_own_node_and_metadata_service_are_found(url):
     found = outside_references(url, NS)
-    if "fd00" in url:
-        assert found == []
-    else:
-        assert len(found) == 1
-        assert "the target's own node" in found[0]
+    assert len(found) == 1
+    assert "the target's own node" in found[0]
 
 
 @pytest.mark.parametrize(
@@ -294,6 +315,8 @@ def test_the_targets_own_node_and_metadata_service_are_found(url):
         "0",  # a bare number is no address
         "2130706433",
         "1.5",
+        "metadata",  # a word, not a URL
+        "[fd00:ec2::1]:8080",
     ],
 )
 def test_values_that_stay_in_the_namespace_name_nothing_outside(value):
@@ -412,6 +435,22 @@ def test_every_host_an_ingress_routes_is_checked():
     ]
     policy = IngressPolicy(allowed_hosts=("*.apps.example.com",))
     assert refused(made, policy) == {(HOSTS, "(none: every host)"), (HOSTS, "bank.example.org")}
+
+
+def test_hosts_an_allowed_annotation_adds_must_be_allowed_hosts():
+    """Where ``nginx.ingress.kubernetes.io/*`` is allowed, ``server-alias`` made a copy answer
+    for hosts outside ``allowedHosts`` (another tenant's, say)."""
+    policy = IngressPolicy(
+        allowed_annotations=("nginx.ingress.kubernetes.io/*",),
+        allowed_hosts=("*.apps.example.com",),
+    )
+    key = "nginx.ingress.kubernetes.io/server-alias"
+    aliased = ingress(**{key: "shop.apps.example.com, bank.example.org,~^.*$"})
+    assert refused(aliased, policy) == {
+        (HOSTS, "bank.example.org"),
+        (HOSTS, "(not shown: not a name)"),
+    }
+    assert refused(ingress(**{key: "shop.apps.example.com"}), policy) == set()
 
 
 @pytest.mark.parametrize("pattern", ["*.", "*example.com", "Example.com", "a..b", "**", "a/b"])

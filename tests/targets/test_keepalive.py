@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from multicluster_scheduler.api import keys
 from multicluster_scheduler.api.keepalive import (
     AWAY,
     MAX_DELEGATES,
+    MAX_HELD_BYTES,
     RECREATED,
     Heartbeat,
     Verdict,
@@ -93,6 +95,22 @@ def test_the_pods_cache_holds_a_spec_only_for_the_delegates_their_source_lists()
     listed = slim(pod, HERE, listed=True)
     assert isinstance(listed["spec"], bytes), "serialized: a fraction of a parsed spec"
     assert "status" not in listed
+
+
+def test_what_is_held_of_a_listed_delegate_is_bounded_whatever_is_added_to_it():
+    """Whoever may edit pods in a delegate's namespace may give it 20,000 labels (1.2 MB of
+    JSON; labels count no generation): the target's agent held them all, parsed (tens of
+    megabytes of its memory for one pod), for each delegate its source lists there. It holds
+    :data:`MAX_HELD_BYTES` at most, and says why such a pod is not created again."""
+    pod = delegate()
+    pod["metadata"]["labels"] |= {f"l{i}": "x" * 40 for i in range(20_000)}
+    held = slim(pod, HERE, listed=True)
+    assert len(orjson.dumps(held, default=bytes.decode)) < MAX_HELD_BYTES
+    name = pod["metadata"]["name"]
+    why = refusal(held, heartbeat({name: "d-uid"}), writer_known=True)
+    assert why is not None
+    assert f"over the {MAX_HELD_BYTES} this cluster holds" in why
+    assert refusal(slim(delegate(), HERE, listed=True), heartbeat({name: "d-uid"}), True) is None
 
 
 def test_a_recreated_delegate_is_the_same_pod_placed_again():

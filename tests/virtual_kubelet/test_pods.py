@@ -242,6 +242,48 @@ async def test_a_bound_proxy_shows_its_delegates_phase_conditions_and_container_
     )
 
 
+async def test_a_target_changing_a_delegates_annotation_again_and_again_is_mirrored_later_and_later(
+    world: World,
+) -> None:
+    """Whoever may annotate pods in the target's namespace changes an annotation of a real
+    delegate 30 times in 0.6 s: each change made the proxy pod be written here (the whole pod,
+    its saved manifest with it), at their pace. The first changes are mirrored at once, the next
+    after 1 s, 2 s…; the last value arrives; the status is mirrored at once meanwhile."""
+    await world.start()
+    c2 = await world.connect("c2")
+    proxy = await world.proxy("web-1")
+    delegate = await world.place(proxy, c2)
+    name = delegate["metadata"]["name"]
+    await world.run_delegate(c2, delegate, RUNNING)
+    await until(lambda: world.proxy_status("web-1").get("phase") == "Running", what="Running")
+
+    def annotation() -> str | None:
+        return ((named(world.api, "web-1") or {})["metadata"].get("annotations") or {}).get("note")
+
+    def writes() -> int:
+        return sum(
+            1
+            for w in world.api.writes
+            if w.verb == "patch" and w.name == "web-1" and w.subresource is None
+        )
+
+    before = writes()
+    target = there(c2).client
+    await target.patch(PODS, name, {"metadata": {"annotations": {"note": "0"}}}, NS)
+    await until(lambda: annotation() == "0", what="the first change at once")
+    for i in range(1, 30):
+        await target.patch(PODS, name, {"metadata": {"annotations": {"note": str(i)}}}, NS)
+        await asyncio.sleep(0.02)
+    restarted = [{**RUNNING["containerStatuses"][0], "restartCount": 1}]
+    await world.run_delegate(c2, delegate, {"containerStatuses": restarted})
+    await until(
+        lambda: world.proxy_status("web-1")["containerStatuses"] == restarted, what="status"
+    )
+    assert writes() - before <= 3, "not one write per change"
+    await until(lambda: annotation() == "29", timeout=5.0, what="the last value")
+    assert writes() - before <= 5
+
+
 async def test_an_evicted_delegate_fails_its_proxy_pod_with_a_delegate_evicted_event(
     world: World,
 ) -> None:
