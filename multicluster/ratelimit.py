@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -61,59 +61,20 @@ class FairLimiter:
     :meth:`hold`). When callers must wait, they are let through one flow after another (round
     robin), first come first served within a flow: API Priority and Fairness's fair queuing,
     on the client's side. A caller finds its way free at once when nobody waits; each operation
-    is O(1) (amortized).
+    is O(1)."""
 
-    With ``shared_seats``: while callers of two flows or more came within ``linger`` seconds,
-    only that many seats are used. Many requests under way make a busy server slow to answer
-    each, whoever sent it, so one flow's burst would make another's few requests wait as long
-    in the server as the burst's; one flow alone keeps all ``seats``, for its throughput. A
-    flow that is empty (``""`` or None: cluster-scoped requests, say) counts as no one. A flow
-    that comes with nothing under way takes its first seat at once, while any of ``seats`` is
-    free: it does not wait for another flow's many to drain down to ``shared_seats``."""
-
-    def __init__(
-        self,
-        qps: float,
-        burst: int,
-        seats: int | None = None,
-        *,
-        shared_seats: int | None = None,
-        linger: float = 2.0,
-    ) -> None:
+    def __init__(self, qps: float, burst: int, seats: int | None = None) -> None:
         if qps <= 0 or burst < 1 or (seats is not None and seats < 1):
             raise ValueError("qps must be > 0, burst and seats >= 1")
-        if shared_seats is not None and (seats is None or shared_seats < 1):
-            raise ValueError("shared_seats needs seats, and must be >= 1")
         self.qps = qps
         self.burst = burst
         self.seats = seats
-        self.shared_seats = None if shared_seats is None else min(shared_seats, seats or 0)
-        self.linger = linger
         self.in_flight = 0
         self._tokens = float(burst)
         self._last = time.monotonic()
         self._flows: dict[Hashable, deque[asyncio.Future[None]]] = {}
         self._turns: deque[Hashable] = deque()  # flows with callers waiting, next first
         self._timer: asyncio.TimerHandle | None = None
-        self._seen: OrderedDict[Hashable, float] = OrderedDict()  # flow → its latest caller
-        self._held: dict[Hashable, int] = {}  # flow → its callers under way (shared seats only)
-
-    def limit(self) -> int | None:
-        """The seats in use now: ``shared_seats`` while several flows are about."""
-        if self.shared_seats is None:
-            return self.seats
-        seen, since = self._seen, time.monotonic() - self.linger
-        while seen:
-            flow, last = next(iter(seen.items()))
-            if last >= since:
-                break
-            del seen[flow]
-        return self.shared_seats if len(seen) > 1 else self.seats
-
-    def _saw(self, flow: Hashable) -> None:
-        if flow and self.shared_seats is not None:
-            self._seen[flow] = time.monotonic()
-            self._seen.move_to_end(flow)
 
     def waiting(self) -> int:
         return sum(len(w) for w in self._flows.values())
@@ -123,49 +84,16 @@ class FairLimiter:
         self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
         self._last = now
 
-    def _seat_free(self, flow: Hashable = None) -> bool:
-        """Whether a caller of ``flow`` may take a seat now."""
-        limit = self.limit()
-        if limit is None or self.in_flight < limit:
-            return True
-        return self._newcomer(flow)
-
-    def _newcomer(self, flow: Hashable) -> bool:
-        """A flow of someone with nothing under way, while one of all ``seats`` is free."""
-        return (
-            self.shared_seats is not None
-            and bool(flow)
-            and flow not in self._held
-            and self.in_flight < (self.seats or 0)
-        )
-
-    def _take(self, flow: Hashable) -> None:
-        self._tokens -= 1
-        self.in_flight += 1
-        if self.shared_seats is not None:
-            self._held[flow] = self._held.get(flow, 0) + 1
-
-    def _next(self) -> tuple[bool, Hashable]:
-        """The flow whose caller goes next, if any may now: the next in turn while seats are
-        free, else the first waiting flow that is a newcomer."""
-        if not self._turns:
-            return False, None
-        limit = self.limit()
-        if limit is None or self.in_flight < limit:
-            return True, self._turns[0]
-        if self.shared_seats is not None and self.in_flight < (self.seats or 0):
-            for flow in self._turns:
-                if self._newcomer(flow):
-                    return True, flow
-        return False, None
+    def _seat_free(self) -> bool:
+        return self.seats is None or self.in_flight < self.seats
 
     async def acquire(self, flow: Hashable = None) -> None:
         """A token, and a seat when there are seats (give it back with :meth:`release`)."""
-        self._saw(flow)
-        if (not self._flows or self._newcomer(flow)) and self._seat_free(flow):
+        if not self._flows and self._seat_free():
             self._refill()
             if self._tokens >= 1:
-                self._take(flow)
+                self._tokens -= 1
+                self.in_flight += 1
                 return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiters = self._flows.get(flow)
@@ -179,18 +107,12 @@ class FairLimiter:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self._tokens += 1  # let through, then cancelled: its token and seat go back
-                self.release(flow)
+                self.release()
             raise
 
-    def release(self, flow: Hashable = None) -> None:
-        """A seat taken by :meth:`acquire` for ``flow`` is free again."""
+    def release(self) -> None:
+        """A seat taken by :meth:`acquire` is free again."""
         self.in_flight -= 1
-        held = self._held.get(flow)
-        if held is not None:
-            if held > 1:
-                self._held[flow] = held - 1
-            else:
-                del self._held[flow]
         if self._flows and self._timer is None:
             self._let_through()
 
@@ -201,10 +123,10 @@ class FairLimiter:
         try:
             yield
         finally:
-            self.release(flow)
+            self.release()
 
     def _schedule(self) -> None:
-        if self._timer is None and self._flows and self._next()[0]:
+        if self._timer is None and self._flows and self._seat_free():
             delay = max(0.0, (1 - self._tokens) / self.qps)
             self._timer = asyncio.get_running_loop().call_later(delay, self._timed)
 
@@ -214,14 +136,8 @@ class FairLimiter:
 
     def _let_through(self) -> None:
         self._refill()
-        while self._tokens >= 1:
-            found, flow = self._next()
-            if not found:
-                break
-            if self._turns[0] == flow:
-                self._turns.popleft()
-            else:  # a newcomer, out of turn
-                self._turns.remove(flow)
+        while self._tokens >= 1 and self._turns and self._seat_free():
+            flow = self._turns.popleft()
             waiters = self._flows[flow]
             waiter = waiters.popleft()
             if waiters:
@@ -231,7 +147,8 @@ class FairLimiter:
             if waiter.done():  # cancelled while it waited: takes nothing
                 continue
             waiter.set_result(None)
-            self._take(flow)
+            self._tokens -= 1
+            self.in_flight += 1
         self._schedule()
 
 
