@@ -405,15 +405,16 @@ def rollout_ratio(kubectl: Kubectl, namespace: str, attempt: int, replicas: int)
 def test_elected_rollout_of_500_replicas_costs_little_more_than_a_native_one(
     more_nodes, guide, kubectl: Kubectl
 ):
-    """On two shared CPUs the elected measure varies by almost half (1.26 to 1.79 measured
-    alone, with the same code, native steady at 8.2 to 8.6 s): a ratio over the bound is
-    measured once more, and the better of the two is held to it. Slower every time still
-    fails."""
+    """On two shared CPUs the elected measure varies by a fifth (1.63 to 1.85 measured alone,
+    with the same code, native steady at 8.1 to 8.4 s): a ratio over the bound is measured once
+    more, and the better of the two is held to it. Slower every time still fails. The bound was
+    1.6 until the client kept 16 requests under way rather than 64, so that namespaces take
+    turns (1.42 to 1.53 with 64; docs/performance.md, "Fairness between namespaces")."""
     # more_nodes first: its nodes are removed after the guide's teardown has deleted the pods
     # on them (pods of a deleted node wait for the pod garbage collector, 40 s or more).
     namespace, _ = guide
     replicas = 500
-    bound = 1.6
+    bound = 2.0
     ratio = rollout_ratio(kubectl, namespace, 1, replicas)
     if ratio > bound:
         kubectl(SOURCE, "delete", "deployment", "rollout", "-n", namespace)
