@@ -424,8 +424,9 @@ def test_agents_meet_no_forbidden_error(installation: Installation, testbed: Tes
     for context in CONTEXTS:
         text = metrics_of(installation, context)
         forbidden = [line for line in text.splitlines() if 'code="403"' in line]
-        assert forbidden == [], forbidden
         log = installation.agent_log(installation.agents[context][0])
+        said = [line for line in log.splitlines() if "403" in line or "orbidden" in line]
+        assert forbidden == [], (context, forbidden, said)
         assert "Forbidden" not in log, log
         assert " 403 " not in log, log
 

@@ -35,6 +35,7 @@ from .config import ClusterConfig
 from .errors import (
     ApiError,
     BadResponse,
+    NamespaceTerminating,
     NotFound,
     ResponseTooLarge,
     Unreachable,
@@ -380,8 +381,12 @@ class Client:
                 break
         context = f"{method} {path} on {self.name}"
         if status >= 300:
-            metrics.API_ERRORS.labels(self.name, str(status)).inc()
-            raise _error(status, payload, context)
+            error = _error(status, payload, context)
+            # A create in a namespace being deleted is refused with a 403 that no missing
+            # permission causes: counted apart, so that 403s keep meaning RBAC.
+            code = "namespace-terminating" if isinstance(error, NamespaceTerminating) else status
+            metrics.API_ERRORS.labels(self.name, str(code)).inc()
+            raise error
         if payload is None:
             metrics.API_ERRORS.labels(self.name, "too-large").inc()
             raise ResponseTooLarge(

@@ -60,6 +60,12 @@ class Unauthorized(ApiError, status=401): ...
 class Forbidden(ApiError, status=403): ...
 
 
+class NamespaceTerminating(Forbidden):
+    """403 for a create in a namespace being deleted: no permission is missing, the namespace
+    is going (the API server's NamespaceLifecycle admission names the cause
+    ``NamespaceTerminating``)."""
+
+
 class NotFound(ApiError, status=404): ...
 
 
@@ -119,6 +125,16 @@ def phrase(status: int) -> str:
         return str(status)
 
 
+def _has_cause(status: dict, reason: str) -> bool:
+    """Whether a Status's ``details.causes`` has one of ``reason`` (a StatusCause's type is
+    serialized as ``reason``)."""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return isinstance(causes, list) and any(
+        isinstance(cause, dict) and cause.get("reason") == reason for cause in causes
+    )
+
+
 def error_for(status: int, body: Any, context: str) -> ApiError:
     """The typed error for an HTTP status and the API server's Status body. Only a Status's
     message is quoted; any other body is not."""
@@ -126,6 +142,8 @@ def error_for(status: int, body: Any, context: str) -> ApiError:
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else ApiError)
     if cls is Conflict and details.get("reason") == "AlreadyExists":
         cls = AlreadyExists
+    elif cls is Forbidden and _has_cause(details, "NamespaceTerminating"):
+        cls = NamespaceTerminating
     if details:
         message = f"{status} {details.get('message') or 'no message'}"
     else:

@@ -24,7 +24,8 @@ API_LATENCY = Histogram(
 )
 API_ERRORS = Counter(
     "rest_client_errors_total",
-    "API requests that failed, by cluster and HTTP status (or 'unreachable').",
+    "API requests that failed, by cluster and HTTP status (or 'unreachable', 'too-large', "
+    "'namespace-terminating': a create refused because its namespace is being deleted).",
     ["cluster", "code"],
     registry=REGISTRY,
 )

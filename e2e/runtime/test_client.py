@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -16,12 +17,13 @@ from multicluster import (
     Conflict,
     Forbidden,
     Invalid,
+    NamespaceTerminating,
     NotFound,
     Unauthorized,
     Unreachable,
 )
 from multicluster.pki import CertificateAuthority
-from multicluster.resources import CONFIGMAPS, NODES, PODS
+from multicluster.resources import CONFIGMAPS, NAMESPACES, NODES, PODS
 from testbed import TestBed
 from testbed.bed import kubeconfig
 
@@ -183,6 +185,44 @@ async def test_forbidden_and_unauthorized_are_told_apart(testbed: TestBed):
     finally:
         await nobody.close()
         await stranger.close()
+
+
+async def test_a_create_in_a_namespace_being_deleted_is_not_taken_for_missing_rbac(connect):
+    """The API server answers 403 to a create in a namespace being deleted: no permission is
+    missing, so it is an error of its own and not counted with the 403s that mean RBAC."""
+    from multicluster import metrics
+
+    client = connect("cluster1", name="terminating-check").client
+    name = f"t{time.monotonic_ns() % 10**8}"
+    held = configmap("held", name)
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    await client.create(NAMESPACES, {"metadata": {"name": name}})
+    try:
+        await client.create(CONFIGMAPS, held)
+        await client.delete(NAMESPACES, name)
+        deadline = time.monotonic() + 30
+        while True:  # the namespace controller marks it terminating within moments
+            try:
+                await client.create(CONFIGMAPS, configmap("late", name))
+            except Forbidden as refused:
+                assert isinstance(refused, NamespaceTerminating), refused.body
+                assert refused.status == 403
+                assert isinstance(refused, Forbidden)
+                assert "being terminated" in refused.message
+                break
+            await client.delete(CONFIGMAPS, "late", name)
+            assert time.monotonic() < deadline, "the namespace never refused a create"
+            await asyncio.sleep(0.2)
+        counted = {
+            sample.labels["code"]: sample.value
+            for family in metrics.REGISTRY.collect()
+            if family.name == "rest_client_errors"
+            for sample in family.samples
+            if sample.name.endswith("_total") and sample.labels["cluster"] == "terminating-check"
+        }
+        assert counted == {"namespace-terminating": 1.0}, counted
+    finally:
+        await client.patch(CONFIGMAPS, "held", {"metadata": {"finalizers": None}}, name)
 
 
 async def test_unreachable_server_and_bad_kubeconfigs():

@@ -35,6 +35,7 @@ from multicluster import (
     Forbidden,
     Informer,
     Invalid,
+    NamespaceTerminating,
     NotFound,
     Request,
     Resource,
@@ -98,7 +99,10 @@ class Problem(Exception):
 
 
 def problem_from(error: ApiError, doing: str) -> Problem | None:
-    """API errors that only a user can fix become a reason; others are retried."""
+    """API errors that only a user can fix become a reason; others are retried (a namespace
+    being deleted takes the source with it)."""
+    if isinstance(error, NamespaceTerminating):
+        return None
     if isinstance(error, Forbidden):
         return Problem("Forbidden", f"the agent may not {doing}: {error.message}")
     if isinstance(error, Invalid | BadRequest):

@@ -37,7 +37,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from multicluster import ApiError, Cluster, Forbidden, NotFound
+from multicluster import ApiError, Cluster, Forbidden, NamespaceTerminating, NotFound
 from multicluster.errors import Invalid
 from multicluster.kubetime import format_micro_time
 from multicluster.resources import LEASES
@@ -235,7 +235,9 @@ class SourceHeartbeat:
                 beat.error = e
                 beat.adds = adds | beat.adds
                 beat.removes = (removes - beat.adds.keys()) | beat.removes
-                if isinstance(e, Unsupported | Forbidden):
+                if isinstance(e, NamespaceTerminating):
+                    pass  # this namespace only: its delegates go with it
+                elif isinstance(e, Unsupported | Forbidden):
                     self._unsupported[connection.node_name] = time.monotonic()
                 elif isinstance(e, Invalid):
                     connection.identity = None  # who this cluster is there: asked again
@@ -510,6 +512,7 @@ class SourceHeartbeat:
 
     def _say(self, connection: TargetConnection, errors: list[BaseException]) -> None:
         node = connection.node_name
+        errors = [e for e in errors if not isinstance(e, NamespaceTerminating)]
         if any(isinstance(e, Forbidden | Unsupported) for e in errors):
             if node not in self._refused:
                 self._refused.add(node)
