@@ -201,18 +201,19 @@ async def test_a_create_in_a_namespace_being_deleted_is_not_taken_for_missing_rb
         await client.create(CONFIGMAPS, held)
         await client.delete(NAMESPACES, name)
         deadline = time.monotonic() + 30
-        while True:  # the namespace controller marks it terminating within moments
+        refused: Forbidden | None = None
+        while refused is None:  # marked terminating within moments, then seen by admission
+            assert time.monotonic() < deadline, "the namespace never refused a create"
             try:
                 await client.create(CONFIGMAPS, configmap("late", name))
-            except Forbidden as refused:
-                assert isinstance(refused, NamespaceTerminating), refused.body
-                assert refused.status == 403
-                assert isinstance(refused, Forbidden)
-                assert "being terminated" in refused.message
-                break
-            await client.delete(CONFIGMAPS, "late", name)
-            assert time.monotonic() < deadline, "the namespace never refused a create"
-            await asyncio.sleep(0.2)
+            except Forbidden as error:
+                refused = error
+            else:
+                await client.delete(CONFIGMAPS, "late", name)
+                await asyncio.sleep(0.1)
+        assert isinstance(refused, NamespaceTerminating), refused.body
+        assert refused.status == 403
+        assert "being terminated" in refused.message
         counted = {
             sample.labels["code"]: sample.value
             for family in metrics.REGISTRY.collect()
