@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import select
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -118,7 +120,13 @@ class Handler(BaseHTTPRequestHandler):
             held = server.deleting[resource] = server.deleting.get(resource, 0) + 1
             server.most_deleting[resource] = max(server.most_deleting.get(resource, 0), held)
         try:
-            time.sleep(30)
+            # Held until the client gives up (it closes the connection: a worker of its own no
+            # longer waits here, and is not counted) or for 30 s.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                readable, _, _ = select.select([self.connection], [], [], 0.2)
+                if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                    return
             self._answer(200, "application/json", b'{"kind":"Status","status":"Success"}')
         except (BrokenPipeError, ConnectionResetError):
             pass

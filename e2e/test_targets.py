@@ -184,18 +184,21 @@ def test_broken_targets_say_why_and_others_stay_ready(
     assert message
     if reason == "Unreachable":  # in words, naming the address
         assert "cannot connect to 127.0.0.1:1: Connect call failed" in message, message
-    events = kubectl(
-        SOURCE,
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        f"involvedObject.name={name},reason={reason}",
-        "-o",
-        "name",
+    wait_for(  # written after the condition, on a busy machine a moment later
+        lambda: kubectl(
+            SOURCE,
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            f"involvedObject.name={name},reason={reason}",
+            "-o",
+            "name",
+        ).strip(),
+        timeout=20,
+        what="an event saying it too",
     )
-    assert events.strip(), "an event says it too"
     for good in ("c1", "c2"):
         assert ready(kubectl, "target", good, namespace) == ("True", "Ready")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable, Iterable
 
 from . import metrics
 from .cluster import Cluster
-from .errors import ApiError
+from .errors import ApiError, NamespaceTerminating
 from .handler import EnqueueObject, EventHandler
 from .informer import Informer, Registration
 from .predicate import Predicate
@@ -140,6 +140,8 @@ class Controller:
             self._error_total.inc()
             failures = self.queue.failures(request)
             level = logging.ERROR if failures >= 5 else logging.WARNING
+            if isinstance(e, NamespaceTerminating):  # the object goes with its namespace
+                level = logging.INFO
             log.log(
                 level,
                 "reconcile failed controller=%s request=%s failures=%d error=%s",

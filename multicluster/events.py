@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 
 from .client import Client
-from .errors import ApiError, Conflict, NotFound
+from .errors import ApiError, Conflict, NamespaceTerminating, NotFound
 from .kubetime import format_time
 from .resources import EVENTS
 
@@ -135,6 +135,10 @@ class EventRecorder:
             return
         try:
             await self._write(obj, key)
+        except NamespaceTerminating:  # its object goes with the namespace: nobody would read it
+            log.debug(
+                "event dropped reason=%s object=%s: namespace being deleted", reason, target[2]
+            )
         except ApiError as e:
             log.warning("could not record event reason=%s object=%s: %s", reason, target[2], e)
 

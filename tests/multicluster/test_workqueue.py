@@ -115,14 +115,15 @@ def test_many_failing_items_never_hold_another_items_retry_past_ten_seconds(monk
 
 async def test_add_after_keeps_the_earliest():
     q: WorkQueue[str] = WorkQueue("t")
-    q.add_after("a", 0.2)
+    q.add_after("a", 1.0)
     q.add_after("a", 0.02)
-    q.add_after("a", 0.5)
+    q.add_after("a", 1.5)
     started = time.monotonic()
     assert await q.get() == "a"
-    assert time.monotonic() - started < 0.15
+    # (bounds far apart: a busy machine's loop runs timers late, never early)
+    assert time.monotonic() - started < 0.9, "the earliest was kept"
     q.done("a")
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(1.6)
     assert len(q) == 0, "later adds were absorbed"
 
 
